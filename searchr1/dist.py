@@ -1,0 +1,94 @@
+"""One torch.distributed world for every role: rank, role, process groups and timeouts.
+
+The cluster backends (local processes, a Slurm het job) only have to set the usual environment variables
+RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; everything else follows from the global rank.
+World layout: trainer ranks 0..T-1, then rollout ranks T..T+R-1.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    world: int
+    n_trainer: int
+
+    @property
+    def n_rollout(self) -> int:
+        return self.world - self.n_trainer
+
+    @property
+    def role(self) -> str:
+        return "trainer" if self.rank < self.n_trainer else "rollout"
+
+    @property
+    def trainer_ranks(self) -> list[int]:
+        return list(range(self.n_trainer))
+
+    @property
+    def rollout_ranks(self) -> list[int]:
+        return list(range(self.n_trainer, self.world))
+
+    @property
+    def rollout_index(self) -> int:
+        """Position among the rollout ranks (0..R-1); -1 on a trainer."""
+        return self.rank - self.n_trainer if self.role == "rollout" else -1
+
+    @property
+    def sync_ranks(self) -> list[int]:
+        """Who takes part in a weight publication: the publishing trainer (rank 0) and every rollout rank."""
+        return [0] + self.rollout_ranks
+
+
+@dataclass
+class Groups:
+    """Process groups. `ctrl` is gloo over the whole world: Python objects (trajectories, metrics) and
+    barriers go there even on GPU clusters, so NCCL carries tensors only."""
+
+    trainer: dist.ProcessGroup  # DDP between trainer replicas
+    sync: dist.ProcessGroup  # weight publication: trainer 0 + rollout ranks
+    ctrl: dist.ProcessGroup  # gloo, world
+    device: torch.device
+
+
+def topology_from_env(n_trainer: int) -> Topology:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if not 0 < n_trainer < world:
+        raise ValueError(f"cluster.trainer_ranks={n_trainer} leaves no rollout rank in a world of {world}")
+    return Topology(rank=rank, world=world, n_trainer=n_trainer)
+
+
+def device_for_rank() -> torch.device:
+    """One GPU per task: the backend restricts CUDA_VISIBLE_DEVICES (Slurm --gpus-per-task=1) or LOCAL_RANK picks."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    n = torch.cuda.device_count()
+    idx = 0 if n == 1 else int(os.environ.get("LOCAL_RANK", "0")) % n
+    torch.cuda.set_device(idx)
+    return torch.device("cuda", idx)
+
+
+def init(topo: Topology, timeout_s: int) -> Groups:
+    """Join the world (env:// rendezvous) and build the role groups. Every rank must call this."""
+    device = device_for_rank()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, rank=topo.rank, world_size=topo.world, timeout=timeout)
+    # new_group is collective: every rank creates every group, in the same order.
+    trainer = dist.new_group(topo.trainer_ranks, backend=backend, timeout=timeout)
+    sync = dist.new_group(topo.sync_ranks, backend=backend, timeout=timeout)
+    ctrl = dist.new_group(list(range(topo.world)), backend="gloo", timeout=timeout) if backend != "gloo" \
+        else dist.group.WORLD
+    return Groups(trainer=trainer, sync=sync, ctrl=ctrl, device=device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,244 @@
+"""HotpotQA: loading both real formats, validation, the fixed splits and the BM25 corpus.
+
+Formats (detected per record, files may be a JSON list or JSON lines):
+- official: `_id`, `question`, `answer`, `type`, `level`, `supporting_facts` = [[title, sent_id], ...],
+  `context` = [[title, [sentence, ...]], ...]. AMOR's copies extend each supporting fact to
+  [title, [sent_ids], [sentences], {...}]; that is unpacked to the official pairs.
+- Hugging Face: `id`, `supporting_facts` = {title: [...], sent_id: [...]}, `context` = {title: [...],
+  sentences: [[...], ...]}.
+Both give the same `Question` for the same question (tested on ids present in both).
+
+Every malformed record raises `DataError` naming the file, the record (and line) and the field: nothing is
+dropped silently. `python -m searchr1.data stats FILE...` and `python -m searchr1.data split` are the CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from searchr1.config import DataConfig
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    question: str
+    answers: tuple[str, ...]  # gold aliases; HotpotQA has one
+    type: str
+    level: str
+    supporting_facts: tuple[tuple[str, int], ...]
+    context: tuple[tuple[str, tuple[str, ...]], ...]  # (title, sentences)
+    source: str = field(default="", compare=False)  # "file:record" for error messages and predictions
+
+
+@dataclass
+class Splits:
+    train: list[Question]
+    heldout: list[Question]
+    corpus: list[dict]  # {"title", "text"}, deduplicated by title, in first-seen order
+    corpus_scope: str
+
+
+def _records(path: Path):
+    """Yield (record index, line number or None, parsed dict)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: cannot read: {err}") from err
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}") from err
+        for i, rec in enumerate(items):
+            yield i, None, rec
+        return
+    i = 0
+    for ln, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: record {i} (line {ln}): not valid JSON: {err.msg}") from err
+        yield i, ln, rec
+        i += 1
+
+
+def _field(rec: dict, name: str, types, where: str):
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    if name not in rec:
+        raise DataError(f"{where}: missing field '{name}'")
+    value = rec[name]
+    if not isinstance(value, types):
+        raise DataError(f"{where}: field '{name}' has type {type(value).__name__}")
+    return value
+
+
+def _context(rec: dict, where: str) -> tuple:
+    ctx = _field(rec, "context", (list, dict), where)
+    if isinstance(ctx, dict):  # Hugging Face
+        titles, sents = ctx.get("title"), ctx.get("sentences")
+        if not isinstance(titles, list) or not isinstance(sents, list) or len(titles) != len(sents):
+            raise DataError(f"{where}: field 'context' needs lists 'title' and 'sentences' of equal length")
+        pairs = list(zip(titles, sents))
+    else:
+        pairs = ctx
+    out = []
+    for j, pair in enumerate(pairs):
+        ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str) \
+            and isinstance(pair[1], list) and all(isinstance(s, str) for s in pair[1])
+        if not ok:
+            raise DataError(f"{where}: field 'context' paragraph {j} is not [title, [sentence, ...]]")
+        out.append((pair[0], tuple(pair[1])))
+    return tuple(out)
+
+
+def _supporting(rec: dict, where: str) -> tuple:
+    sf = _field(rec, "supporting_facts", (list, dict), where)
+    if isinstance(sf, dict):  # Hugging Face
+        titles, ids = sf.get("title"), sf.get("sent_id")
+        if not isinstance(titles, list) or not isinstance(ids, list) or len(titles) != len(ids):
+            raise DataError(f"{where}: field 'supporting_facts' needs lists 'title' and 'sent_id' of equal length")
+        return tuple((t, int(i)) for t, i in zip(titles, ids))
+    out = []
+    for j, fact in enumerate(sf):
+        if not isinstance(fact, list) or len(fact) < 2 or not isinstance(fact[0], str):
+            raise DataError(f"{where}: field 'supporting_facts' entry {j} is not [title, sent_id]")
+        ids = fact[1] if isinstance(fact[1], list) else [fact[1]]  # AMOR: [title, [ids], [sents], {...}]
+        if not all(isinstance(i, int) for i in ids):
+            raise DataError(f"{where}: field 'supporting_facts' entry {j} has a non-integer sentence id")
+        out.extend((fact[0], i) for i in ids)
+    return tuple(out)
+
+
+def parse_record(rec: dict, where: str) -> Question:
+    key = "_id" if isinstance(rec, dict) and "_id" in rec else "id"
+    qid = _field(rec, key, str, where)
+    question = _field(rec, "question", str, where)
+    answer = _field(rec, "answer", str, where)
+    if not question.strip():
+        raise DataError(f"{where}: field 'question' is empty")
+    return Question(
+        qid=qid, question=question, answers=(answer,),
+        type=_field(rec, "type", str, where), level=_field(rec, "level", str, where),
+        supporting_facts=_supporting(rec, where), context=_context(rec, where), source=where)
+
+
+def load_file(path: str | Path) -> list[Question]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    out, seen = [], {}
+    for i, ln, rec in _records(path):
+        where = f"{path}: record {i}" + (f" (line {ln})" if ln else "")
+        q = parse_record(rec, where)
+        if q.qid in seen:
+            raise DataError(f"{where}: duplicate id {q.qid!r} (first at record {seen[q.qid]})")
+        seen[q.qid] = i
+        out.append(q)
+    if not out:
+        raise DataError(f"{path}: holds no records")
+    return out
+
+
+def load_questions(paths: list[str | Path]) -> list[Question]:
+    """Several files in order; a question id found in two files is kept once (first file wins)."""
+    out, seen = [], set()
+    for p in paths:
+        for q in load_file(p):
+            if q.qid not in seen:
+                seen.add(q.qid)
+                out.append(q)
+    return out
+
+
+def build_corpus(questions: list[Question]) -> list[dict]:
+    """Context paragraphs, deduplicated by title (HotpotQA titles are Wikipedia article titles)."""
+    corpus, seen = [], set()
+    for q in questions:
+        for title, sents in q.context:
+            if title not in seen:
+                seen.add(title)
+                corpus.append({"title": title, "text": "".join(sents).strip()})
+    return corpus
+
+
+def read_ids(path: str | Path) -> list[str]:
+    lines = Path(path).read_text().splitlines()
+    return [s.strip() for s in lines if s.strip() and not s.startswith("#")]
+
+
+def _resolve(root: Path, p: str) -> Path:
+    return Path(p) if Path(p).is_absolute() else root / p
+
+
+def load_splits(cfg: DataConfig, root: str | Path = ".") -> Splits:
+    root = Path(root)
+    train = load_questions([_resolve(root, p) for p in cfg.train_files])
+    if cfg.train_size:
+        train = train[: cfg.train_size]
+    pool = {q.qid: q for q in load_file(_resolve(root, cfg.eval_file))}
+    ids_path = _resolve(root, cfg.eval_ids_file)
+    ids = read_ids(ids_path)
+    missing = [i for i in ids if i not in pool]
+    if missing:
+        raise DataError(f"{ids_path}: {len(missing)} ids are not in {cfg.eval_file}, e.g. {missing[0]!r}")
+    if cfg.eval_size > len(ids):
+        raise DataError(f"data.eval_size={cfg.eval_size}: {ids_path} lists only {len(ids)} ids")
+    heldout = [pool[i] for i in ids[: cfg.eval_size]]
+    overlap = {q.qid for q in train} & {q.qid for q in heldout}
+    if overlap:
+        raise DataError(f"training and held-out questions overlap on {len(overlap)} ids, e.g. {sorted(overlap)[0]}")
+    scope = train + heldout if cfg.corpus_scope == "train+eval" else train
+    return Splits(train=train, heldout=heldout, corpus=build_corpus(scope), corpus_scope=cfg.corpus_scope)
+
+
+def stats(questions: list[Question]) -> dict:
+    paragraphs = [t for q in questions for t, _ in q.context]
+    return {"questions": len(questions), "types": dict(Counter(q.type for q in questions)),
+            "levels": dict(Counter(q.level for q in questions)), "paragraphs": len(paragraphs),
+            "unique_titles": len(set(paragraphs))}
+
+
+def _cli(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m searchr1.data")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("stats", help="per-file counts; non-zero exit on a malformed file")
+    st.add_argument("files", nargs="+")
+    sp = sub.add_parser("split", help="draw the held-out ids with a seeded, recorded rule")
+    sp.add_argument("--eval-file", default=DataConfig.eval_file)
+    sp.add_argument("--n", type=int, default=200)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--out", default=DataConfig.eval_ids_file)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "stats":
+            for f in args.files:
+                print(json.dumps({"file": f, **stats(load_file(f))}))
+            return 0
+        ids = sorted(q.qid for q in load_file(args.eval_file))
+        chosen = random.Random(args.seed).sample(ids, args.n)
+        header = (f"# {args.n} held-out HotpotQA ids: random.Random({args.seed}).sample(sorted ids of "
+                  f"{args.eval_file}, {args.n}).\n# Regenerate: python -m searchr1.data split --n {args.n} "
+                  f"--seed {args.seed}\n")
+        Path(args.out).write_text(header + "\n".join(chosen) + "\n")
+        print(f"wrote {args.n} ids to {args.out}")
+        return 0
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())

@@ -1,0 +1,98 @@
+"""Entry point: compose `conf/` with Hydra, validate, create the run folder, hand off to a cluster backend.
+
+    python launch.py +experiment=search_r1                  # Slurm, one heterogeneous job
+    python launch.py +experiment=search_r1_cpu              # local processes (the embedded default)
+    python launch.py +experiment=search_r1_cpu mode=eval    # held-out evaluation of the model or a checkpoint
+    python launch.py -m +experiment=search_r1 algo.lr=1e-6,2e-6   # one job per sweep point
+    python launch.py +experiment=search_r1 --cfg job        # print the composed config
+
+This is the only file that touches Hydra; the library takes the plain `Config` dataclass.
+"""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from searchr1.config import Config, ConfigError
+
+ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def validate(dcfg: DictConfig) -> Config:
+    try:
+        return OmegaConf.to_object(dcfg)
+    except ConfigError as err:
+        raise SystemExit(f"config error: {err}")
+    except OmegaConfBaseException as err:  # to_object wraps __post_init__ errors
+        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else err
+        raise SystemExit(f"config error: {cause}")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(dcfg: DictConfig) -> None:
+    cfg = validate(dcfg)
+    from searchr1 import rundir
+
+    run_dir = rundir.create(cfg)
+    print(f"run folder: {run_dir}", flush=True)
+    if cfg.mode == "eval":
+        from searchr1.eval import main as entry_eval
+
+        entry_eval(cfg, run_dir)
+        return
+    from searchr1.loop import run_rank
+
+    if cfg.cluster.backend == "slurm":
+        from searchr1.cluster.slurm import launch
+    else:
+        from searchr1.cluster.local import launch
+    rc = launch(cfg, run_dir, entry=run_rank)
+    if rc != 0:
+        # Under -m a failed sweep point must not stop the others; a single run exits with its code.
+        if _is_multirun():
+            print(f"run {run_dir} failed with exit code {rc}", file=sys.stderr)
+            return
+        sys.exit(rc)
+
+
+def _is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def show_config(argv: list[str]) -> None:
+    """`--cfg job|hydra|all` with validation: Hydra's own --cfg prints without ever building the dataclasses,
+    so a negative lr would print fine and only fail at launch."""
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    i = next(i for i, a in enumerate(argv) if a in ("--cfg", "-c"))
+    kind = argv[i + 1] if i + 1 < len(argv) else "job"
+    overrides = [a for j, a in enumerate(argv) if j not in (i, i + 1) and not a.startswith("-")]
+    conf_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
+    from hydra.errors import HydraException
+
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        try:
+            dcfg = compose("config", overrides=overrides, return_hydra_config=kind != "job")
+        except HydraException as err:
+            detail = f" ({err.__cause__})" if err.__cause__ else ""
+            raise SystemExit(f"config error: {err}{detail}")
+    job = {k: v for k, v in dcfg.items() if k != "hydra"} if kind != "job" else dcfg
+    validate(OmegaConf.create(job))
+    shown = {"hydra": dcfg.hydra} if kind == "hydra" else dcfg
+    print(OmegaConf.to_yaml(shown, resolve="--resolve" in argv), end="")
+
+
+if __name__ == "__main__":
+    if "--cfg" in sys.argv or "-c" in sys.argv:
+        show_config(sys.argv[1:])
+    else:
+        main()

@@ -1,0 +1,140 @@
+"""GRPO pure functions against values computed by hand."""
+import math
+
+import pytest
+import torch
+
+from searchr1 import grpo
+
+
+def test_advantages_hand_computed_with_std():
+    # group 7: rewards 1,0,0,0 -> mean 0.25, deviations .75,-.25,-.25,-.25, unbiased var 0.75/3 = .25, std .5
+    # group 3: rewards 1,1 -> all equal -> exactly 0 and counted; group 9: a singleton -> 0 and counted
+    reward_b = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.5])
+    group_b = torch.tensor([7, 7, 3, 7, 7, 3, 9])
+    adv_b, n_zero = grpo.group_advantages(reward_b, group_b, normalize_std=True, eps=0.0)
+    assert adv_b.tolist() == [1.5, -0.5, 0.0, -0.5, -0.5, 0.0, 0.0]
+    assert n_zero == 2
+    assert adv_b.dtype == torch.float32
+
+
+def test_advantages_without_std_and_eps():
+    reward_b = torch.tensor([2.0, 0.0, 1.0, 1.0])
+    group_b = torch.tensor([0, 0, 1, 1])
+    adv_b, n_zero = grpo.group_advantages(reward_b, group_b, normalize_std=False, eps=1e-6)
+    assert adv_b.tolist() == [1.0, -1.0, 0.0, 0.0] and n_zero == 1
+    # with std: deviations +-1, unbiased std sqrt(2), eps added to the std
+    adv_b, _ = grpo.group_advantages(reward_b, group_b, normalize_std=True, eps=0.5)
+    assert adv_b[0].item() == pytest.approx(1.0 / (math.sqrt(2.0) + 0.5))
+    assert adv_b[1].item() == pytest.approx(-1.0 / (math.sqrt(2.0) + 0.5))
+
+
+def test_all_equal_group_is_exactly_zero_for_awkward_floats():
+    # 0.1 * 3 / 3 - 0.1 is not 0 in floating point; the flat group must still give exact zeros
+    adv_b, n_zero = grpo.group_advantages(torch.full((3,), 0.1), torch.zeros(3, dtype=torch.long), True, 1e-6)
+    assert torch.equal(adv_b, torch.zeros(3)) and n_zero == 1
+
+
+def test_advantages_reject_bad_input():
+    with pytest.raises(ValueError, match="reward_b"):
+        grpo.group_advantages(torch.zeros(3), torch.zeros(2, dtype=torch.long), True, 1e-6)
+    with pytest.raises(ValueError, match="non-finite"):
+        grpo.group_advantages(torch.tensor([0.0, math.nan]), torch.zeros(2, dtype=torch.long), True, 1e-6)
+
+
+def test_clipped_loss_value_and_gradient_by_hand():
+    # One token per case, old log-prob 0, so ratio = exp(logp). clip_eps 0.2.
+    #   A=+1 r=1.5: max(-1.5, -1.2) = -1.2 (clipped, no gradient)
+    #   A=-1 r=1.5: max(1.5, 1.2) = 1.5 (unclipped, dL/dlogp = -A r = 1.5)
+    #   A=+1 r=0.5: max(-0.5, -0.8) = -0.5 (unclipped, dL/dlogp = -0.5)
+    #   A=-1 r=0.5: max(0.5, 0.8) = 0.8 (clipped, no gradient)
+    logp_bt = torch.tensor([[math.log(1.5)], [math.log(1.5)], [math.log(0.5)], [math.log(0.5)]],
+                           dtype=torch.float64, requires_grad=True)
+    adv_b = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
+    mask_bt = torch.ones(4, 1)
+    loss, stats = grpo.policy_loss(logp_bt, torch.zeros_like(logp_bt), adv_b, mask_bt, 0.2, "token_mean")
+    assert loss.item() == pytest.approx((-1.2 + 1.5 - 0.5 + 0.8) / 4)
+    loss.backward()
+    assert logp_bt.grad.squeeze(-1).tolist() == pytest.approx([0.0, 1.5 / 4, -0.5 / 4, 0.0])
+    assert stats["clip_frac"].item() == 0.5
+    assert stats["tokens"].item() == 4
+    # k3 of KL(old || new) with log(new/old) = log r: r - 1 - log r
+    k3 = [r - 1 - math.log(r) for r in (1.5, 1.5, 0.5, 0.5)]
+    assert stats["approx_kl"].item() == pytest.approx(sum(k3) / 4)
+
+
+def test_seq_mean_and_token_mean_and_global_denominator():
+    # sequence 0 has 3 trained tokens of loss 1 (A=-1, r=1), sequence 1 has 1 trained token of loss 3 (A=-3)
+    logp_bt = torch.zeros(2, 3)
+    mask_bt = torch.tensor([[1, 1, 1], [0, 1, 0]])
+    adv_b = torch.tensor([-1.0, -3.0])
+    tok, _ = grpo.policy_loss(logp_bt, logp_bt, adv_b, mask_bt, 0.2, "token_mean")
+    seq, _ = grpo.policy_loss(logp_bt, logp_bt, adv_b, mask_bt, 0.2, "seq_mean")
+    assert tok.item() == pytest.approx((3 * 1 + 3) / 4)
+    assert seq.item() == pytest.approx((1 + 3) / 2)
+    # halves of a batch with the whole batch's denominator add up to the whole batch's loss
+    for agg in grpo.AGGREGATIONS:
+        whole, _ = grpo.policy_loss(logp_bt, logp_bt, adv_b, mask_bt, 0.2, agg)
+        d = grpo.loss_denominator(mask_bt, agg)
+        parts = [grpo.policy_loss(logp_bt[i:i + 1], logp_bt[i:i + 1], adv_b[i:i + 1], mask_bt[i:i + 1], 0.2,
+                                  agg, d)[0] for i in range(2)]
+        assert (parts[0] + parts[1]).item() == pytest.approx(whole.item())
+    with pytest.raises(ValueError, match="loss aggregation"):
+        grpo.policy_loss(logp_bt, logp_bt, adv_b, mask_bt, 0.2, "sum")
+
+
+def test_information_token_logit_gets_no_gradient():
+    torch.manual_seed(0)
+    logits_btv = torch.randn(2, 5, 11, requires_grad=True)
+    target_bt = torch.randint(0, 11, (2, 5))
+    mask_bt = torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 1, 0]])
+    # the old log-probs of untrained positions are garbage on purpose (the engine writes 0.0, or anything)
+    old_bt = torch.where(mask_bt.bool(), torch.full((2, 5), -2.0), torch.full((2, 5), 1e4))
+    logp_bt = grpo.token_logprobs(logits_btv, target_bt)
+    loss, _ = grpo.policy_loss(logp_bt, old_bt, torch.tensor([1.0, -0.7]), mask_bt, 0.2, "seq_mean")
+    kl = grpo.masked_aggregate(grpo.kl_penalty(logp_bt, old_bt, mask_bt, "k3"), mask_bt, "seq_mean")
+    (loss + kl).backward()
+    assert torch.isfinite(loss)
+    off = ~mask_bt.bool()
+    assert torch.count_nonzero(logits_btv.grad[off]) == 0
+    assert torch.count_nonzero(logits_btv.grad[~off]) > 0
+
+
+def test_kl_estimators_by_hand():
+    logp_bt = torch.tensor([[math.log(0.5), math.log(0.25), 0.0]])
+    ref_bt = torch.tensor([[math.log(0.25), math.log(0.5), 5.0]])
+    mask_bt = torch.tensor([[1, 1, 0]])
+    # log(q/p) = -log 2 and +log 2 on the trained tokens
+    l2 = math.log(2.0)
+    k1 = grpo.kl_penalty(logp_bt, ref_bt, mask_bt, "k1")
+    k2 = grpo.kl_penalty(logp_bt, ref_bt, mask_bt, "k2")
+    k3 = grpo.kl_penalty(logp_bt, ref_bt, mask_bt, "k3")
+    assert k1.tolist()[0] == pytest.approx([l2, -l2, 0.0])
+    assert k2.tolist()[0] == pytest.approx([l2**2 / 2, l2**2 / 2, 0.0])
+    assert k3.tolist()[0] == pytest.approx([0.5 - 1 + l2, 2 - 1 - l2, 0.0])
+    assert (k3 >= 0).all()
+    with pytest.raises(ValueError, match="kl estimator"):
+        grpo.kl_penalty(logp_bt, ref_bt, mask_bt, "k4")
+
+
+def test_k3_is_unbiased_for_the_true_kl():
+    # samples from p: E_p[k3] = KL(p || q)
+    gen = torch.Generator().manual_seed(0)
+    p_v = torch.tensor([0.6, 0.3, 0.1])
+    q_v = torch.tensor([0.2, 0.5, 0.3])
+    x_n = torch.multinomial(p_v, 200_000, replacement=True, generator=gen)
+    est = grpo.kl_penalty(p_v.log()[x_n][None], q_v.log()[x_n][None], torch.ones(1, len(x_n)), "k3").mean()
+    assert est.item() == pytest.approx(float((p_v * (p_v / q_v).log()).sum()), rel=0.02)
+
+
+def test_token_logprobs_and_entropy_match_log_softmax():
+    torch.manual_seed(1)
+    logits_btv = torch.randn(3, 4, 7, dtype=torch.bfloat16)
+    target_bt = torch.randint(0, 7, (3, 4))
+    ref_btv = torch.log_softmax(logits_btv.float() / 0.7, dim=-1)
+    got = grpo.token_logprobs(logits_btv, target_bt, temperature=0.7)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref_btv.gather(-1, target_bt[..., None])[..., 0])
+    ent = grpo.token_entropy(logits_btv, temperature=0.7)
+    torch.testing.assert_close(ent, -(ref_btv.exp() * ref_btv).sum(-1))
+    assert grpo.token_entropy(torch.zeros(1, 1, 8)).item() == pytest.approx(math.log(8))

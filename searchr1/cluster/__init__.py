@@ -1,0 +1,1 @@
+"""Cluster backends: local processes and one heterogeneous Slurm job. They know nothing of the algorithm."""

@@ -1,0 +1,437 @@
+"""BM25 retrieval that lives inside each rollout process.
+
+A separate retriever service stalled rollouts while they held GPUs, so every rollout rank holds its own index,
+built once per corpus and cached on disk (`load_or_build`), memory-mapped where the backend allows.
+
+Two backends behind `Index`:
+- `rank_bm25`: rank_bm25's BM25Okapi itself, the reference (exact, slow: a Python pass over every passage per
+  query term).
+- `bm25s`: bm25s holds a sparse term-by-passage matrix of precomputed scores (its CSC arrays, its save/load with
+  mmap, its numba top-k over a batch of queries). bm25s's idf variants differ from BM25Okapi's, so the matrix is
+  built here with BM25Okapi's idf (negative idf floored to epsilon * mean idf) and ATIRE term weighting, which is
+  BM25Okapi's. bm25s sums float32, so it proposes `rerank_depth` candidates and these are rescored here in float64
+  with the very expression rank_bm25 evaluates: the returned scores are rank_bm25's scores.
+Both order hits by (score desc, passage id asc) and drop passages that score 0 (they share no term with the query).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import pickle
+import re
+import shutil
+import tempfile
+import time
+from array import array
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from searchr1.config import RetrieverConfig
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+TOKENIZER_NAME = "lower-alnum-v1"
+_WORD_RE = re.compile(r"[^\W_]+")  # runs of Unicode letters and digits: "Beyoncé" stays one word
+NO_RESULTS = "No documents matched this query. Try different search terms."
+_MANIFEST = "manifest.json"
+
+
+class IndexCorrupt(RuntimeError):
+    """A saved index that cannot be served: missing, damaged, or built for another corpus or settings."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    pid: int
+    title: str
+    text: str
+    score: float
+
+
+def _stopword_set(stopwords: str) -> frozenset[str]:
+    if stopwords == "none":
+        return frozenset()
+    if stopwords == "en":
+        from bm25s.stopwords import STOPWORDS_EN
+
+        return frozenset(STOPWORDS_EN)
+    raise ValueError(f"retriever.stopwords={stopwords!r}: must be one of ['en', 'none']")
+
+
+def tokenize(text: str, stopwords: str = "none") -> list[str]:
+    """The one tokenizer for passages and queries: lower-case, split on non-alphanumerics, drop stop words."""
+    words = _WORD_RE.findall(text.lower())
+    stop = _stopword_set(stopwords)
+    return [w for w in words if w not in stop] if stop else words
+
+
+def tokenizer_signature(stopwords: str) -> dict:
+    """What a saved index records about its tokenizer; a different one means the index must be rebuilt."""
+    stop = sorted(_stopword_set(stopwords))
+    return {"name": TOKENIZER_NAME, "pattern": _WORD_RE.pattern, "lowercase": True, "stopwords": stopwords,
+            "stopwords_sha256": hashlib.sha256("\n".join(stop).encode()).hexdigest()}
+
+
+def _doc_text(passage: dict) -> str:
+    return passage["title"] + "\n" + passage["text"]
+
+
+def _check_passages(passages) -> None:
+    if not isinstance(passages, (list, tuple)) or not passages:
+        raise ValueError(f"passages: need a non-empty list of dicts with 'title' and 'text', got {type(passages)}")
+    for i, p in enumerate(passages):
+        for field in ("title", "text"):
+            if not isinstance(p, dict) or not isinstance(p.get(field), str):
+                raise ValueError(f"passages[{i}]: field {field!r} missing or not a string ({str(p)[:80]!r})")
+
+
+def corpus_hash(passages: list[dict]) -> str:
+    """sha256 over titles and texts, length-prefixed so that no two corpora collide by concatenation."""
+    h = hashlib.sha256()
+    for p in passages:
+        t, x = p["title"].encode(), p["text"].encode()
+        h.update(b"%d:%s%d:%s" % (len(t), t, len(x), x))
+    return h.hexdigest()
+
+
+def _settings(cfg: RetrieverConfig) -> dict:
+    """Everything the saved index depends on (query-time knobs such as top_k are left out)."""
+    return {"format": FORMAT_VERSION, "backend": cfg.backend, "k1": cfg.k1, "b": cfg.b, "epsilon": cfg.epsilon,
+            "tokenizer": tokenizer_signature(cfg.stopwords)}
+
+
+class Index:
+    """Batch BM25 search over a fixed list of passages; subclasses score, this class handles queries."""
+
+    backend = ""
+
+    def __init__(self, passages: list[dict], cfg: RetrieverConfig):
+        self.passages = passages
+        self.cfg = cfg
+        self.search_seconds = 0.0  # totals for the rollout's metrics (retrieval time vs generation time)
+        self.searched_queries = 0
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, queries: list[str], k: int | None = None) -> list[list[Passage]]:
+        """Top-k passages per query, best first; an empty query, or one of unknown words only, gets []."""
+        if isinstance(queries, str) or not all(isinstance(q, str) for q in queries):
+            raise TypeError(f"queries: need a list of strings, got {str(queries)[:80]!r}")
+        k = self.cfg.top_k if k is None else k
+        if not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k={k!r}: must be a positive int")
+        t0 = time.perf_counter()
+        tokens = [tokenize(q, self.cfg.stopwords)[: self.cfg.max_query_words] for q in queries]
+        hits = self._top_k(tokens, min(k, len(self.passages)))
+        out = [[Passage(pid, self.passages[pid]["title"], self.passages[pid]["text"], score) for pid, score in h]
+               for h in hits]
+        self.search_seconds += time.perf_counter() - t0
+        self.searched_queries += len(queries)
+        return out
+
+    def _top_k(self, tokens: list[list[str]], k: int) -> list[list[tuple[int, float]]]:
+        raise TypeError(f"{type(self).__name__} is not a backend; use build_index or load_or_build")
+
+    def save(self, path: str) -> dict:
+        """Write the backend's files into the existing folder `path`; return the manifest entries to record."""
+        raise TypeError(f"{type(self).__name__} is not a backend; use build_index or load_or_build")
+
+
+def _rank(pids, scores, k: int) -> list[tuple[int, float]]:
+    """Best k by (score desc, pid asc), dropping passages with no shared term (score <= 0)."""
+    order = np.lexsort((pids, -scores))[:k]
+    return [(int(pids[i]), float(scores[i])) for i in order if scores[i] > 0]
+
+
+class RankBM25Index(Index):
+    backend = "rank_bm25"
+
+    def __init__(self, passages, cfg, bm25):
+        super().__init__(passages, cfg)
+        self.bm25 = bm25
+
+    @classmethod
+    def build(cls, passages, cfg):
+        from rank_bm25 import BM25Okapi
+
+        corpus = [tokenize(_doc_text(p), cfg.stopwords) for p in passages]
+        return cls(passages, cfg, BM25Okapi(corpus, k1=cfg.k1, b=cfg.b, epsilon=cfg.epsilon))
+
+    def _top_k(self, tokens, k):
+        pids = np.arange(len(self.passages))
+        return [_rank(pids, self.bm25.get_scores(q), k) if q else [] for q in tokens]
+
+    def save(self, path):
+        with open(os.path.join(path, "rank_bm25.pkl"), "wb") as f:
+            pickle.dump(self.bm25, f, protocol=pickle.HIGHEST_PROTOCOL)
+        return {}
+
+    @classmethod
+    def load(cls, path, passages, cfg, manifest):
+        with open(os.path.join(path, "rank_bm25.pkl"), "rb") as f:
+            bm25 = pickle.load(f)  # trusted: our own file, checked against its sha256 before this
+        if bm25.corpus_size != len(passages):
+            raise IndexCorrupt(f"{path}: rank_bm25 index has {bm25.corpus_size} passages, corpus has {len(passages)}")
+        return cls(passages, cfg, bm25)
+
+
+def _okapi_idf(df_v: np.ndarray, n_docs: int, epsilon: float) -> np.ndarray:
+    """BM25Okapi's idf with math.log and a sequential mean in first-seen order, as rank_bm25 computes it,
+    so that scores match bit for bit (np.log and pairwise sums can differ in the last bit)."""
+    idf = [math.log(n_docs - f + 0.5) - math.log(f + 0.5) for f in df_v.tolist()]
+    total = 0.0
+    for x in idf:
+        total += x
+    floor = epsilon * (total / len(idf))
+    return np.array([floor if x < 0 else x for x in idf], dtype=np.float64)
+
+
+def _count_tokens(passages, stopwords):
+    """Vocabulary in first-seen order (rank_bm25's order), flat token ids, passage lengths."""
+    vocab: dict[str, int] = {}
+    tok_n = array("i")
+    len_d = np.empty(len(passages), dtype=np.int64)
+    for d, p in enumerate(passages):
+        ids = [vocab.setdefault(w, len(vocab)) for w in tokenize(_doc_text(p), stopwords)]
+        tok_n.extend(ids)
+        len_d[d] = len(ids)
+    return vocab, np.frombuffer(tok_n, dtype=np.int32), len_d
+
+
+def _term_doc_counts(tok_n, len_d, n_vocab):
+    """(term, doc) pairs sorted by term then doc (CSC order), their counts, and the column pointers."""
+    n_docs = len(len_d)
+    key_n = tok_n.astype(np.int64) * n_docs
+    key_n += np.repeat(np.arange(n_docs, dtype=np.int64), len_d)
+    key_n.sort()
+    first_z = np.flatnonzero(np.concatenate(([True], key_n[1:] != key_n[:-1])))
+    tf_z = np.diff(np.append(first_z, len(key_n)))
+    key_z = key_n[first_z]
+    del key_n, first_z
+    term_z = key_z // n_docs
+    doc_z = (key_z - term_z * n_docs).astype(np.int32)
+    indptr_v = np.zeros(n_vocab + 1, dtype=np.int64)
+    np.cumsum(np.bincount(term_z, minlength=n_vocab), out=indptr_v[1:])
+    return term_z, doc_z, tf_z, indptr_v
+
+
+@numba.njit(cache=True, nogil=True)
+def _rescore(q_ptr, q_ids, cand_qc, indptr_v, doc_z, tf_z, len_d, idf_v, k1, b, avgdl):
+    """Exact float64 BM25Okapi of each candidate, summed in query-token order like rank_bm25.get_scores."""
+    out_qc = np.full(cand_qc.shape, -np.inf)
+    for i in range(cand_qc.shape[0]):
+        for j in range(cand_qc.shape[1]):
+            d = cand_qc[i, j]
+            if d < 0:
+                continue
+            dl = float(len_d[d])
+            s = 0.0
+            for p in range(q_ptr[i], q_ptr[i + 1]):
+                t = q_ids[p]
+                lo, hi = indptr_v[t], indptr_v[t + 1]
+                pos = lo + np.searchsorted(doc_z[lo:hi], d)
+                if pos < hi and doc_z[pos] == d:
+                    f = float(tf_z[pos])
+                    s += idf_v[t] * (f * (k1 + 1.0) / (f + k1 * (1.0 - b + b * dl / avgdl)))
+            out_qc[i, j] = s
+    return out_qc
+
+
+class BM25sIndex(Index):
+    backend = "bm25s"
+    _EXTRA = ("tf.npy", "doc_len.npy", "idf.npy")
+
+    def __init__(self, passages, cfg, bm, tf_z, len_d, idf_v):
+        super().__init__(passages, cfg)
+        self.bm, self.tf_z, self.len_d, self.idf_v = bm, tf_z, len_d, idf_v
+        self.avgdl = int(len_d.sum()) / len(len_d)  # rank_bm25: total tokens / passages, a Python float
+        self.vocab = bm.vocab_dict
+
+    @classmethod
+    def build(cls, passages, cfg):
+        import bm25s
+
+        vocab, tok_n, len_d = _count_tokens(passages, cfg.stopwords)
+        if not vocab:
+            raise ValueError("passages: no passage has a single word; nothing to index")
+        term_z, doc_z, tf_z, indptr_v = _term_doc_counts(tok_n, len_d, len(vocab))
+        del tok_n
+        idf_v = _okapi_idf(np.diff(indptr_v), len(passages), cfg.epsilon)
+        avgdl = int(len_d.sum()) / len(len_d)
+        tf_f = tf_z.astype(np.float64)
+        score_z = idf_v[term_z] * (tf_f * (cfg.k1 + 1) / (tf_f + cfg.k1 * (1 - cfg.b + cfg.b * len_d[doc_z] / avgdl)))
+        del term_z, tf_f
+        # method/idf_method are bm25s's labels only: the scores are computed above, not by bm25s.index()
+        bm = bm25s.BM25(k1=cfg.k1, b=cfg.b, method="atire", idf_method="atire", backend="numba")
+        bm.scores = {"data": score_z.astype(np.float32), "indices": doc_z, "indptr": indptr_v,
+                     "num_docs": len(passages)}
+        bm.vocab_dict = vocab
+        bm.nonoccurrence_array = None
+        tf_dtype = np.uint16 if tf_z.max() <= np.iinfo(np.uint16).max else np.uint32
+        return cls(passages, cfg, bm, tf_z.astype(tf_dtype), len_d.astype(np.int32), idf_v)
+
+    def _top_k(self, tokens, k):
+        ids = [[self.vocab[w] for w in q if w in self.vocab] for q in tokens]
+        live = [i for i, q in enumerate(ids) if q]
+        out: list[list[tuple[int, float]]] = [[] for _ in tokens]
+        if not live:
+            return out
+        depth = min(max(k, self.cfg.rerank_depth), len(self.passages))
+        threads = self.cfg.threads or len(os.sched_getaffinity(0))
+        cand_qc, _ = self.bm.retrieve([[w for w in tokens[i] if w in self.vocab] for i in live], k=depth,
+                                      sorted=False, return_as="tuple", show_progress=False,
+                                      n_threads=min(threads, numba.config.NUMBA_NUM_THREADS))
+        cand_qc = np.ascontiguousarray(cand_qc, dtype=np.int64)
+        q_ptr = np.cumsum([0] + [len(ids[i]) for i in live], dtype=np.int64)
+        q_ids = np.array([t for i in live for t in ids[i]], dtype=np.int64)
+        s = self.bm.scores
+        exact_qc = _rescore(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], self.tf_z, self.len_d, self.idf_v,
+                            float(self.cfg.k1), float(self.cfg.b), self.avgdl)
+        for row, i in enumerate(live):
+            out[i] = _rank(cand_qc[row], exact_qc[row], k)
+        return out
+
+    def save(self, path):
+        self.bm.save(path, show_progress=False)
+        for name, arr in zip(self._EXTRA, (self.tf_z, self.len_d, self.idf_v)):
+            np.save(os.path.join(path, name), arr)
+        return {"vocab_size": len(self.vocab), "nnz": int(self.tf_z.shape[0])}
+
+    @classmethod
+    def load(cls, path, passages, cfg, manifest):
+        import bm25s
+
+        try:
+            bm = bm25s.BM25.load(path, mmap=True, load_corpus=False, show_progress=False)
+            tf_z, len_d, idf_v = (np.load(os.path.join(path, n), mmap_mode="r") for n in cls._EXTRA)
+        except (OSError, ValueError, KeyError) as e:
+            raise IndexCorrupt(f"{path}: cannot read bm25s index ({type(e).__name__}: {e})") from e
+        s, v = bm.scores, len(bm.vocab_dict)
+        shapes_ok = (s["num_docs"] == len(passages) == len(len_d) and len(s["indptr"]) == v + 1 == len(idf_v) + 1
+                     and s["indptr"][-1] == len(s["data"]) == len(s["indices"]) == len(tf_z)
+                     and v == manifest.get("vocab_size"))
+        if not shapes_ok:
+            raise IndexCorrupt(f"{path}: bm25s arrays disagree with each other or with the corpus "
+                               f"({len(passages)} passages)")
+        return cls(passages, cfg, bm, tf_z, len_d, idf_v)
+
+
+_BACKENDS = {c.backend: c for c in (RankBM25Index, BM25sIndex)}
+
+
+def build_index(passages: list[dict], cfg: RetrieverConfig) -> Index:
+    """Index `passages` (dicts with 'title' and 'text') in memory with the backend `cfg.backend`."""
+    _check_passages(passages)
+    if cfg.backend not in _BACKENDS:
+        raise ValueError(f"retriever.backend={cfg.backend!r}: must be one of {sorted(_BACKENDS)}")
+    return _BACKENDS[cfg.backend].build(passages, cfg)
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_index(index: Index, path: str, corpus_sha256: str | None = None) -> None:
+    """Write `index` into the new or empty folder `path` with a manifest of every file's size and sha256."""
+    os.makedirs(path, exist_ok=True)
+    extra = index.save(path)
+    files = {n: {"size": os.path.getsize(os.path.join(path, n)), "sha256": _sha256_file(os.path.join(path, n))}
+             for n in sorted(os.listdir(path)) if n != _MANIFEST}
+    manifest = {"settings": _settings(index.cfg), "corpus_sha256": corpus_sha256 or corpus_hash(index.passages),
+                "passages": len(index.passages), "files": files, **extra}
+    with open(os.path.join(path, _MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def load_index(path: str, passages: list[dict], cfg: RetrieverConfig, corpus_sha256: str | None = None) -> Index:
+    """Load a saved index after checking it was built for this corpus and these settings and is intact;
+    raise IndexCorrupt otherwise."""
+    try:
+        with open(os.path.join(path, _MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise IndexCorrupt(f"{path}/{_MANIFEST}: unreadable ({e})") from e
+    want = {"settings": _settings(cfg), "corpus_sha256": corpus_sha256 or corpus_hash(passages)}
+    for key, value in want.items():
+        if manifest.get(key) != value:
+            raise IndexCorrupt(f"{path}: built with {key}={manifest.get(key)!r}, need {value!r}")
+    for name, meta in manifest.get("files", {}).items():
+        fp = os.path.join(path, name)
+        if not os.path.isfile(fp) or os.path.getsize(fp) != meta["size"] or _sha256_file(fp) != meta["sha256"]:
+            raise IndexCorrupt(f"{fp}: missing or damaged (size/sha256 differ from the manifest)")
+    return _BACKENDS[cfg.backend].load(path, passages, cfg, manifest)
+
+
+@contextmanager
+def _locked(path: str):
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_or_build(passages: list[dict], cfg: RetrieverConfig, cache_dir: str | None = None) -> Index:
+    """The index for `passages`, from the cache when an intact one exists, else built and cached.
+
+    The cache folder is keyed by corpus hash and settings. Ranks that start together take a file lock, so one
+    builds while the others wait and then memory-map its result; the build is written to a temporary folder and
+    renamed into place, so a crash never leaves a half-written index under the final name."""
+    _check_passages(passages)
+    root = os.path.expanduser(cache_dir or cfg.cache_dir)
+    os.makedirs(root, exist_ok=True)
+    sha = corpus_hash(passages)
+    key = hashlib.sha256(json.dumps([sha, _settings(cfg)], sort_keys=True).encode()).hexdigest()[:24]
+    final = os.path.join(root, f"{cfg.backend}-{key}")
+    with _locked(final + ".lock"):
+        if os.path.isdir(final):
+            try:
+                index = load_index(final, passages, cfg, sha)
+                log.info("retrieval: loaded %s index of %d passages from %s", cfg.backend, len(passages), final)
+                return index
+            except IndexCorrupt as e:
+                log.warning("retrieval: cached index rejected, rebuilding: %s", e)
+                trash = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.bad-", dir=root)
+                os.rename(final, os.path.join(trash, "index"))
+                shutil.rmtree(trash, ignore_errors=True)
+        t0 = time.perf_counter()
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=root)
+        try:
+            save_index(build_index(passages, cfg), tmp, sha)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("retrieval: built %s index of %d passages in %.1f s into %s", cfg.backend, len(passages),
+                 time.perf_counter() - t0, final)
+        return load_index(final, passages, cfg, sha)
+
+
+def format_passages(passages: list[Passage], tokenizer, max_tokens: int) -> str:
+    """Search-R1's information text: 'Doc i(Title: t) text' lines, each text cut to `max_tokens` tokens of the
+    policy's tokenizer; a clear sentence when nothing matched, so the agent knows to search differently."""
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens={max_tokens!r}: must be > 0")
+    if not passages:
+        return NO_RESULTS
+    ids = tokenizer([p.text for p in passages], add_special_tokens=False)["input_ids"]
+    lines = []
+    for i, (p, ids_t) in enumerate(zip(passages, ids), start=1):
+        # a cut inside a multi-byte character decodes to U+FFFD; drop that fragment
+        text = p.text if len(ids_t) <= max_tokens else tokenizer.decode(ids_t[:max_tokens]).rstrip("\ufffd")
+        lines.append(f"Doc {i}(Title: {p.title}) {text}")
+    return "\n".join(lines)

@@ -206,10 +206,22 @@ class SlurmConfig:
     wait: bool = False  # block until the job ends (tests, scripts); Hydra multirun submits without waiting
     python: str = ""  # interpreter on the nodes; empty: the one running launch.py
     setup: list[str] = field(default_factory=list)  # shell lines before srun (module load ...)
+    poll_s: int = 5  # seconds between state queries while waiting for the job
+    # After sbatch accepts the job, watch it this long for a pending reason that never clears
+    # (BadConstraints, PartitionTimeLimit, a per-job QOS limit...): such a job is cancelled and reported.
+    check_s: int = 5
+    port_range: list[int] = field(default_factory=lambda: [20000, 32000])  # [lo, hi): MASTER_PORT from the job id
+    signal_delay_s: int = 90  # USR2 this long before the time limit: submitit checkpoints and requeues
+    max_timeouts: int = 3  # requeues after a time-out before the job is let die
 
     def __post_init__(self):
-        for k in ("time_min", "cpus_per_task", "mem_per_task_gb", "trainer_nodes", "rollout_nodes", "gpus_per_task"):
+        for k in ("time_min", "cpus_per_task", "mem_per_task_gb", "trainer_nodes", "rollout_nodes", "gpus_per_task",
+                  "poll_s"):
             _check(getattr(self, k) > 0, f"cluster.slurm.{k}", getattr(self, k), "must be > 0")
+        for k in ("check_s", "signal_delay_s", "max_timeouts"):
+            _check(getattr(self, k) >= 0, f"cluster.slurm.{k}", getattr(self, k), "must be >= 0")
+        _check(len(self.port_range) == 2 and 1024 <= self.port_range[0] < self.port_range[1] <= 65536,
+               "cluster.slurm.port_range", self.port_range, "must be [lo, hi) with 1024 <= lo < hi <= 65536")
 
 
 @dataclass
@@ -256,6 +268,7 @@ class Config:
     eval_every: int = 25  # 0: evaluate only before the first and after the last step
     eval_before: bool = True
     checkpoint_every: int = 25
+    keep_checkpoints: int = 2  # older ones are deleted once a newer one is complete
     run_root: str = "runs"
     run_name: str = ""  # empty: <date>_<time>_<experiment>
     resume: str = ""  # a run folder to continue from its last checkpoint
@@ -274,6 +287,7 @@ class Config:
         _check(self.steps >= 0, "steps", self.steps, "must be >= 0")
         _check(self.eval_every >= 0, "eval_every", self.eval_every, "must be >= 0")
         _check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "must be >= 0")
+        _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
         _check(self.algo.questions_per_step >= self.cluster.rollout_ranks, "algo.questions_per_step",
                self.algo.questions_per_step,
                f"fewer questions than rollout ranks (cluster.rollout_ranks={self.cluster.rollout_ranks})")

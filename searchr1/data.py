@@ -204,6 +204,20 @@ def load_splits(cfg: DataConfig, root: str | Path = ".") -> Splits:
     return Splits(train=train, heldout=heldout, corpus=build_corpus(scope), corpus_scope=cfg.corpus_scope)
 
 
+def step_questions(n_pool: int, step: int, per_step: int, seed: int) -> list[int]:
+    """Indices into the training pool for `step`: consecutive slices of per-epoch seeded permutations, so the
+    data position is just `step` (a resumed run draws exactly what the uninterrupted run would have)."""
+    out, pos = [], step * per_step
+    while len(out) < per_step:
+        epoch, offset = divmod(pos, n_pool)
+        perm = list(range(n_pool))
+        random.Random(seed * 1_000_003 + epoch).shuffle(perm)
+        take = perm[offset: offset + per_step - len(out)]
+        out.extend(take)
+        pos += len(take)
+    return out
+
+
 def stats(questions: list[Question]) -> dict:
     paragraphs = [t for q in questions for t, _ in q.context]
     return {"questions": len(questions), "types": dict(Counter(q.type for q in questions)),

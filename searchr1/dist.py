@@ -55,6 +55,7 @@ class Groups:
     trainer: dist.ProcessGroup  # DDP between trainer replicas
     sync: dist.ProcessGroup  # weight publication: trainer 0 + rollout ranks
     ctrl: dist.ProcessGroup  # gloo, world
+    trainer_ctrl: dist.ProcessGroup  # gloo, trainer ranks: the step's trajectories fan out here
     device: torch.device
 
 
@@ -84,9 +85,12 @@ def init(topo: Topology, timeout_s: int) -> Groups:
     # new_group is collective: every rank creates every group, in the same order.
     trainer = dist.new_group(topo.trainer_ranks, backend=backend, timeout=timeout)
     sync = dist.new_group(topo.sync_ranks, backend=backend, timeout=timeout)
-    ctrl = dist.new_group(list(range(topo.world)), backend="gloo", timeout=timeout) if backend != "gloo" \
-        else dist.group.WORLD
-    return Groups(trainer=trainer, sync=sync, ctrl=ctrl, device=device)
+    if backend == "gloo":
+        ctrl, trainer_ctrl = dist.group.WORLD, trainer
+    else:
+        ctrl = dist.new_group(list(range(topo.world)), backend="gloo", timeout=timeout)
+        trainer_ctrl = dist.new_group(topo.trainer_ranks, backend="gloo", timeout=timeout)
+    return Groups(trainer=trainer, sync=sync, ctrl=ctrl, trainer_ctrl=trainer_ctrl, device=device)
 
 
 def shutdown() -> None:

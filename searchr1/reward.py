@@ -1,0 +1,76 @@
+"""Answer scoring by the official HotpotQA rules, and the training reward built on it.
+
+Normalisation (as in HotpotQA's `hotpot_evaluate_v1.py`): lower-case, delete ASCII punctuation
+(`string.punctuation` only: unicode dashes and quotes stay, as in the official script), replace the words
+a/an/the by a space, collapse white space. A prediction is scored against every gold alias and keeps the best.
+
+Token F1 follows the official yes/no/noanswer rule: when either side normalises to one of those three words
+and the two sides differ, F1 is 0 (no partial credit for "yes" against "yes it is").
+"""
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+_PUNCT = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_CLOSED_CLASS = frozenset({"yes", "no", "noanswer"})
+
+
+def normalize_answer(s: str) -> str:
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def _golds(golds: list[str] | str) -> list[str]:
+    golds = [golds] if isinstance(golds, str) else list(golds)
+    if not golds:
+        raise ValueError("no gold answers to score against (an empty `answers` list)")
+    return golds
+
+
+def exact_match(pred: str | None, golds: list[str] | str) -> float:
+    """1.0 when the normalised prediction equals some normalised gold alias; a missing prediction scores 0."""
+    golds = _golds(golds)
+    if pred is None:
+        return 0.0
+    p = normalize_answer(pred)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def _f1_one(p: str, g: str) -> float:
+    if (p in _CLOSED_CLASS or g in _CLOSED_CLASS) and p != g:
+        return 0.0
+    p_toks, g_toks = p.split(), g.split()
+    same = sum((Counter(p_toks) & Counter(g_toks)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p_toks), same / len(g_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1(pred: str | None, golds: list[str] | str) -> float:
+    """Best token F1 over the gold aliases; a missing prediction scores 0."""
+    golds = _golds(golds)
+    if pred is None:
+        return 0.0
+    p = normalize_answer(pred)
+    return max(_f1_one(p, normalize_answer(g)) for g in golds)
+
+
+def reward(pred: str | None, golds: list[str] | str, format_reward: float = 0.0, well_formed: bool = True) -> float:
+    """Exact match of the final answer (Search-R1's outcome reward).
+
+    A wrong answer earns `format_reward` when it was well formed (an <answer> given, no malformed-output rule
+    broken); no answer earns 0. With format_reward=0 (the default) this is pure EM.
+    """
+    if not 0.0 <= format_reward < 1.0:
+        raise ValueError(f"format_reward={format_reward!r}: must be in [0, 1) so that a correct answer scores most")
+    if pred is None:
+        return 0.0
+    if exact_match(pred, golds):
+        return 1.0
+    return format_reward if well_formed else 0.0

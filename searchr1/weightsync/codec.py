@@ -1,0 +1,487 @@
+"""Delta codec for bf16 weights: pure functions on tensors, no processes, no networking.
+
+Wire format of one publication: a stream of frames. Each frame is one bucket of bytes plus an int64 header of
+records; each record covers one window (a run of at most `window` elements) of one tensor:
+
+    [tensor_id, kind, start, n, count, n_esc]      kind: DELTA or FULL
+
+A DELTA record's payload is `n_esc` int32 escapes, `count` bf16 values, `count` uint8 gaps (padded to 4 bytes).
+Changes are found by comparing bits (int16 views), so -0.0 vs 0.0, NaN payloads and subnormals are all exact.
+Positions are coded as gaps from the previous change (the first from start-1): a gap under 256 is one byte, a
+larger one is a 0 byte plus an int32 escape, so indices cost ~1 byte instead of 4 at realistic sparsity. A window
+never exceeds 2^31-1 elements, so escapes always fit int32 (parameters over 2^31 elements are chunked).
+A FULL record's payload is the window's raw bf16 bits: chosen whenever the delta would be larger.
+
+The digest of a tensor is (sum u_i, sum u_i * i) over its uint16 bit patterns u_i, mod 2^64: it is additive over
+windows (so the encoder computes it in the same pass as the compare), catches any single or pairwise corruption
+for certain, and has an exact torch formula (the CUDA path).
+
+CPU uses a small C++ kernel (one pass: compare 32 elements per SIMD step, emit changes, update the published
+copy, digest); CUDA and CPUs without a compiler use the torch path, which produces identical bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DELTA, FULL = 1, 2
+REC = 6  # int64 fields per record
+HEAD = 4  # [n_records, payload_bytes, last, n_tensors]
+# Records per frame: a constant of the wire format (the header tensor has a fixed size so that receivers can
+# post the broadcast before knowing the frame); 1024 holds every tensor of a 3B model's small ones in one frame.
+MAX_RECORDS = 1024
+INDEX_LIMIT = 2**31 - 1
+_DIGEST_CHUNK = 1 << 22  # torch digest: bounds the int64 temporaries
+
+_CPP = r"""
+#include <torch/extension.h>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace {
+constexpr int64_t kBlock = 256;  // u16 * (index in block) sums stay inside uint32
+
+struct Digest { uint64_t s0 = 0, s1 = 0; };
+
+inline void digest_block(const uint16_t* a, int64_t m, int64_t base, Digest& d) {
+  uint32_t bs = 0, bw = 0;
+  for (int64_t j = 0; j < m; ++j) { bs += a[j]; bw += uint32_t(a[j]) * uint32_t(j); }
+  d.s0 += bs;
+  d.s1 += uint64_t(base) * bs + bw;
+}
+
+// Bit j set where a[j] != p[j], j < 32.
+inline uint32_t diff_mask32(const int16_t* a, const int16_t* p) {
+#if defined(__SSE2__)
+  __m128i e[4];
+  for (int k = 0; k < 4; ++k)
+    e[k] = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i*)(a + 8 * k)), _mm_loadu_si128((const __m128i*)(p + 8 * k)));
+  uint32_t lo = uint32_t(_mm_movemask_epi8(_mm_packs_epi16(e[0], e[1])));
+  uint32_t hi = uint32_t(_mm_movemask_epi8(_mm_packs_epi16(e[2], e[3])));
+  return ~(lo | (hi << 16));
+#else
+  uint32_t m = 0;
+  for (int j = 0; j < 32; ++j) m |= uint32_t(a[j] != p[j]) << j;
+  return m;
+#endif
+}
+
+struct Emitter {
+  uint8_t* gaps; int32_t* esc; int16_t* vals;
+  int64_t count = 0, n_esc = 0, last = -1;
+  inline void emit(int64_t i, int16_t v) {
+    int64_t g = i - last;
+    last = i;
+    if (g < 256) { gaps[count] = uint8_t(g); } else { gaps[count] = 0; esc[n_esc++] = int32_t(g); }
+    vals[count++] = v;
+  }
+};
+
+void check(const torch::Tensor& t, const char* name, c10::ScalarType dt) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.scalar_type() == dt, name, " has dtype ", t.scalar_type(), ", expected ", dt);
+}
+}  // namespace
+
+std::vector<int64_t> encode_window(torch::Tensor nw, torch::Tensor pub, torch::Tensor gaps, torch::Tensor esc,
+                                   torch::Tensor vals, int64_t offset) {
+  check(nw, "new", torch::kInt16); check(pub, "published", torch::kInt16);
+  check(gaps, "gaps", torch::kUInt8); check(esc, "escapes", torch::kInt32); check(vals, "values", torch::kInt16);
+  const int64_t n = nw.numel();
+  TORCH_CHECK(pub.numel() == n, "published has ", pub.numel(), " elements, new has ", n);
+  TORCH_CHECK(n <= 2147483647LL, "window of ", n, " elements exceeds int32 indexing");
+  TORCH_CHECK(gaps.numel() >= n && vals.numel() >= n && esc.numel() >= n / 256 + 1, "scratch too small for ", n);
+  const int16_t* a = nw.data_ptr<int16_t>();
+  int16_t* p = pub.data_ptr<int16_t>();
+  Emitter em{gaps.data_ptr<uint8_t>(), esc.data_ptr<int32_t>(), vals.data_ptr<int16_t>()};
+  Digest d;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    digest_block(reinterpret_cast<const uint16_t*>(a + b), m, offset + b, d);
+    int64_t j = 0;
+    for (; j + 32 <= m; j += 32) {
+      uint32_t dm = diff_mask32(a + b + j, p + b + j);
+      while (dm) {
+        const int64_t i = b + j + __builtin_ctz(dm);
+        dm &= dm - 1;
+        em.emit(i, a[i]);
+        p[i] = a[i];
+      }
+    }
+    for (; j < m; ++j) {
+      const int64_t i = b + j;
+      if (a[i] != p[i]) { em.emit(i, a[i]); p[i] = a[i]; }
+    }
+  }
+  return {em.count, em.n_esc, int64_t(d.s0), int64_t(d.s1)};
+}
+
+void apply_window(torch::Tensor dst, torch::Tensor gaps, torch::Tensor esc, torch::Tensor vals) {
+  check(dst, "target", torch::kInt16); check(gaps, "gaps", torch::kUInt8);
+  check(esc, "escapes", torch::kInt32); check(vals, "values", torch::kInt16);
+  const int64_t n = dst.numel(), count = gaps.numel(), n_esc = esc.numel();
+  TORCH_CHECK(vals.numel() == count, "record has ", count, " gaps but ", vals.numel(), " values");
+  const uint8_t* g = gaps.data_ptr<uint8_t>();
+  const int32_t* e = esc.data_ptr<int32_t>();
+  const int16_t* v = vals.data_ptr<int16_t>();
+  int16_t* d = dst.data_ptr<int16_t>();
+  int64_t pos = -1, k = 0;
+  for (int64_t c = 0; c < count; ++c) {
+    int64_t step = g[c];
+    if (step == 0) {
+      TORCH_CHECK(k < n_esc, "record needs more than its ", n_esc, " escapes");
+      step = e[k++];
+      TORCH_CHECK(step > 0, "escape gap ", step, " is not positive");
+    }
+    pos += step;
+    TORCH_CHECK(pos < n, "change index ", pos, " is outside the window of ", n, " elements");
+    d[pos] = v[c];
+  }
+  TORCH_CHECK(k == n_esc, "record carries ", n_esc, " escapes but uses ", k);
+}
+
+std::vector<int64_t> digest(torch::Tensor x, int64_t offset) {
+  check(x, "tensor", torch::kInt16);
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(x.data_ptr<int16_t>());
+  const int64_t n = x.numel();
+  Digest d;
+  for (int64_t b = 0; b < n; b += kBlock) digest_block(a + b, std::min(kBlock, n - b), offset + b, d);
+  return {int64_t(d.s0), int64_t(d.s1)};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("encode_window", &encode_window);
+  m.def("apply_window", &apply_window);
+  m.def("digest", &digest);
+}
+"""
+
+_kernel = None
+_kernel_failed = False
+
+
+def _cpu_tag() -> str:
+    # The build uses -march=native: key the cache by the CPU's flags so a shared home on a cluster of mixed
+    # nodes never loads a build with instructions this CPU lacks.
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1((flags + _CPP).encode()).hexdigest()[:12]
+
+
+def kernel():
+    """The compiled C++ kernel (built once, then loaded from torch's extension cache), or None without a compiler."""
+    global _kernel, _kernel_failed
+    if _kernel is None and not _kernel_failed:
+        try:
+            from torch.utils.cpp_extension import load_inline
+
+            _kernel = load_inline(name=f"searchr1_codec_{_cpu_tag()}", cpp_sources=[_CPP], functions=None,
+                                  extra_cflags=["-O3", "-march=native"], verbose=False)
+        except Exception as e:  # noqa: BLE001 - any build failure leaves the (identical) torch path
+            _kernel_failed = True
+            log.warning("delta codec C++ kernel unavailable (%s); using the torch path", e)
+    return _kernel
+
+
+def _use_kernel(t: torch.Tensor, impl: str) -> bool:
+    if impl not in ("auto", "cpp", "torch"):
+        raise ValueError(f"codec impl={impl!r}: must be auto, cpp or torch")
+    if impl == "torch" or t.device.type != "cpu":
+        if impl == "cpp":
+            raise ValueError(f"codec impl=cpp needs CPU tensors, got {t.device}")
+        return False
+    if kernel() is None:
+        if impl == "cpp":
+            raise RuntimeError("codec impl=cpp but the C++ kernel failed to build (see the log)")
+        return False
+    return True
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The flat int16 view of a contiguous bf16 tensor (the unit every codec function works on)."""
+    if t.dtype != torch.bfloat16:
+        raise TypeError(f"expected a bfloat16 tensor, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError("expected a contiguous tensor (the codec writes in place through a flat view)")
+    return t.view(-1).view(torch.int16)
+
+
+def digest(x_n: torch.Tensor, offset: int = 0, impl: str = "auto") -> tuple[int, int]:
+    """(sum u_i, sum u_i*(offset+i)) mod 2^64 as signed int64, over the uint16 bits u of the int16 view `x_n`."""
+    if _use_kernel(x_n, impl):
+        s0, s1 = kernel().digest(x_n, offset)
+        return int(s0), int(s1)
+    s0 = torch.zeros((), dtype=torch.int64, device=x_n.device)
+    s1 = torch.zeros((), dtype=torch.int64, device=x_n.device)
+    for lo in range(0, x_n.numel(), _DIGEST_CHUNK):
+        u_c = x_n[lo:lo + _DIGEST_CHUNK].to(torch.int64) & 0xFFFF
+        pos_c = torch.arange(offset + lo, offset + lo + u_c.numel(), dtype=torch.int64, device=x_n.device)
+        s0 += u_c.sum()
+        s1 += (u_c * pos_c).sum()
+    return int(s0), int(s1)
+
+
+def add_digest(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """Digests of disjoint windows add (mod 2^64, kept as signed int64)."""
+    return tuple(((x + y + 2**63) % 2**64) - 2**63 for x, y in zip(a, b))
+
+
+@dataclass
+class Scratch:
+    """Reusable encode buffers for windows of up to `window` elements on one device."""
+
+    window: int
+    device: torch.device
+    gaps_w: torch.Tensor = field(init=False)
+    esc_w: torch.Tensor = field(init=False)
+    vals_w: torch.Tensor = field(init=False)
+
+    def __post_init__(self):
+        if not 0 < self.window <= INDEX_LIMIT:
+            raise ValueError(f"window={self.window}: must be in [1, {INDEX_LIMIT}]")
+        self.gaps_w = torch.empty(self.window, dtype=torch.uint8, device=self.device)
+        self.esc_w = torch.empty(self.window // 256 + 1, dtype=torch.int32, device=self.device)
+        self.vals_w = torch.empty(self.window, dtype=torch.int16, device=self.device)
+
+
+@dataclass
+class WindowDelta:
+    count: int
+    n_esc: int
+    gaps: torch.Tensor  # uint8 [count]
+    esc: torch.Tensor  # int32 [n_esc]
+    vals: torch.Tensor  # int16 [count]
+    digest: tuple[int, int]  # of the new window
+
+    @property
+    def nbytes(self) -> int:
+        return _pad4(4 * self.n_esc + 3 * self.count)
+
+
+def _pad4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def encode_window(new_n: torch.Tensor, pub_n: torch.Tensor, scratch: Scratch, offset: int = 0,
+                  impl: str = "auto") -> WindowDelta:
+    """Changes of `new_n` against `pub_n` (int16 views of one window); `pub_n` becomes `new_n` (it is the
+    publisher's copy of what receivers hold). `offset`: the window's start in its tensor, for the digest."""
+    n = new_n.numel()
+    if pub_n.numel() != n or n > scratch.window:
+        raise ValueError(f"window of {n} elements: published has {pub_n.numel()}, scratch holds {scratch.window}")
+    if _use_kernel(new_n, impl):
+        count, n_esc, s0, s1 = kernel().encode_window(new_n, pub_n, scratch.gaps_w, scratch.esc_w,
+                                                      scratch.vals_w, offset)
+        return WindowDelta(count, n_esc, scratch.gaps_w[:count], scratch.esc_w[:n_esc], scratch.vals_w[:count],
+                           (s0, s1))
+    dig = digest(new_n, offset, impl="torch")
+    idx_c = torch.ne(new_n, pub_n).nonzero().squeeze(1)
+    count = idx_c.numel()
+    vals_c = scratch.vals_w[:count]
+    torch.index_select(new_n, 0, idx_c, out=vals_c)
+    pub_n.index_put_((idx_c,), vals_c)
+    gap_c = torch.diff(idx_c, prepend=idx_c.new_full((1,), -1))
+    big_c = gap_c > 255
+    esc = gap_c[big_c]
+    n_esc = esc.numel()
+    scratch.esc_w[:n_esc].copy_(esc)
+    scratch.gaps_w[:count].copy_(gap_c.masked_fill_(big_c, 0))
+    return WindowDelta(count, n_esc, scratch.gaps_w[:count], scratch.esc_w[:n_esc], vals_c, dig)
+
+
+def apply_window(dst_n: torch.Tensor, gaps: torch.Tensor, esc: torch.Tensor, vals: torch.Tensor,
+                 impl: str = "auto") -> None:
+    """Overwrite the changed elements of the int16 window `dst_n` in place (never adds)."""
+    if _use_kernel(dst_n, impl):
+        kernel().apply_window(dst_n, gaps, esc, vals)
+        return
+    if gaps.numel() != vals.numel():
+        raise ValueError(f"record has {gaps.numel()} gaps but {vals.numel()} values")
+    step_c = gaps.to(torch.int64)
+    hole_c = step_c == 0
+    if int(hole_c.sum()) != esc.numel():
+        raise ValueError(f"record carries {esc.numel()} escapes but uses {int(hole_c.sum())}")
+    step_c[hole_c] = esc.to(torch.int64)
+    idx_c = torch.cumsum(step_c, 0) - 1
+    if idx_c.numel() and (int(idx_c[-1]) >= dst_n.numel() or bool((step_c <= 0).any())):
+        raise ValueError(f"change indices out of order or outside the window of {dst_n.numel()} elements")
+    dst_n.index_put_((idx_c,), vals)
+
+
+def windows(numel: int, window: int) -> Iterator[tuple[int, int]]:
+    """(start, n) of each window of a tensor with `numel` elements (one empty window for an empty tensor)."""
+    if numel == 0:
+        yield 0, 0
+    for start in range(0, numel, window):
+        yield start, min(window, numel - start)
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.uint8)
+
+
+class FrameWriter:
+    """Packs records into one bucket of `capacity` bytes; `header()` describes the bucket's contents."""
+
+    def __init__(self, capacity: int, device: torch.device):
+        self.capacity = capacity
+        self.bucket = torch.empty(capacity, dtype=torch.uint8, device=device)
+        self.records: list[list[int]] = []
+        self.used = 0
+
+    def fits(self, nbytes: int) -> bool:
+        return len(self.records) < MAX_RECORDS and self.used + nbytes <= self.capacity
+
+    def add_delta(self, tid: int, start: int, n: int, wd: WindowDelta) -> None:
+        o = self.used
+        _bytes(self.bucket[o:o + 4 * wd.n_esc]).copy_(_bytes(wd.esc))
+        o += 4 * wd.n_esc
+        self.bucket[o:o + 2 * wd.count].view(torch.int16).copy_(wd.vals)
+        o += 2 * wd.count
+        self.bucket[o:o + wd.count].copy_(wd.gaps)
+        self.records.append([tid, DELTA, start, n, wd.count, wd.n_esc])
+        self.used += wd.nbytes
+
+    def add_full(self, tid: int, start: int, src_n: torch.Tensor) -> None:
+        n = src_n.numel()
+        self.bucket[self.used:self.used + 2 * n].view(torch.int16).copy_(src_n)
+        self.records.append([tid, FULL, start, n, n, 0])
+        self.used += _pad4(2 * n)
+
+    def header(self, last: bool, n_tensors: int) -> torch.Tensor:
+        h = torch.zeros(HEAD + REC * MAX_RECORDS, dtype=torch.int64)
+        h[:HEAD] = torch.tensor([len(self.records), self.used, int(last), n_tensors])
+        if self.records:
+            h[HEAD:HEAD + REC * len(self.records)] = torch.tensor(self.records, dtype=torch.int64).view(-1)
+        return h
+
+    def reset(self) -> None:
+        self.records, self.used = [], 0
+
+
+def full_window_nbytes(n: int) -> int:
+    return _pad4(2 * n)
+
+
+def parse_header(h: torch.Tensor) -> tuple[list[list[int]], int, bool, int]:
+    """(records, payload_bytes, last, n_tensors) from a frame header (on any device)."""
+    h = h.cpu()
+    n_rec, used, last, n_tensors = (int(v) for v in h[:HEAD])
+    if not 0 <= n_rec <= MAX_RECORDS:
+        raise ValueError(f"frame header names {n_rec} records (at most {MAX_RECORDS})")
+    recs = h[HEAD:HEAD + REC * n_rec].view(n_rec, REC).tolist()
+    return recs, used, bool(last), n_tensors
+
+
+def apply_frame(records: Sequence[Sequence[int]], payload: torch.Tensor, targets: Sequence[torch.Tensor],
+                impl: str = "auto", names: Optional[Sequence[str]] = None) -> dict[int, int]:
+    """Write a frame's records into `targets` (flat int16 views, indexed by tensor id). Returns the changed
+    element count per tensor id that the frame touched."""
+    touched: dict[int, int] = {}
+    o = 0
+    for tid, kind, start, n, count, n_esc in records:
+        label = names[tid] if names is not None and 0 <= tid < len(names) else f"tensor id {tid}"
+        if not 0 <= tid < len(targets):
+            raise ValueError(f"record names tensor id {tid}; the receiver holds {len(targets)} tensors")
+        dst = targets[tid]
+        if start < 0 or n < 0 or start + n > dst.numel():
+            raise ValueError(f"record for {label}: window [{start}, {start + n}) outside its {dst.numel()} elements")
+        win = dst[start:start + n]
+        if kind == FULL:
+            size = full_window_nbytes(n)
+            if o + size > payload.numel():
+                raise ValueError(f"record for {label} runs past the {payload.numel()}-byte payload")
+            win.copy_(payload[o:o + 2 * n].view(torch.int16))
+        elif kind == DELTA:
+            size = _pad4(4 * n_esc + 3 * count)
+            if count < 0 or n_esc < 0 or count > n or o + size > payload.numel():
+                raise ValueError(f"record for {label}: count={count}, n_esc={n_esc} do not fit the window or payload")
+            esc = payload[o:o + 4 * n_esc].view(torch.int32)
+            vals = payload[o + 4 * n_esc:o + 4 * n_esc + 2 * count].view(torch.int16)
+            gaps = payload[o + 4 * n_esc + 2 * count:o + 4 * n_esc + 3 * count]
+            apply_window(win, gaps, esc, vals, impl)
+        else:
+            raise ValueError(f"record for {label} has unknown kind {kind}")
+        touched[tid] = touched.get(tid, 0) + count
+        o += size
+    return touched
+
+
+def window_size(bucket_bytes: int) -> int:
+    """Largest window whose record always fits an empty bucket: a delta is only sent when not larger than the
+    full window (2 bytes per element)."""
+    return max(1, min(INDEX_LIMIT, (bucket_bytes - 4) // 2))
+
+
+@dataclass
+class StreamStats:
+    """Per tensor of one publication: changed elements, kind (0: unchanged, DELTA, FULL), digest of the new tensor."""
+
+    count: list[int]
+    kind: list[int]
+    digest: list[tuple[int, int]]
+
+    @classmethod
+    def empty(cls, n: int) -> "StreamStats":
+        return cls([0] * n, [0] * n, [(0, 0)] * n)
+
+    def updated(self) -> list[int]:
+        return [t for t, k in enumerate(self.kind) if k]
+
+
+def encode_stream(new: Sequence[torch.Tensor], pub: Optional[Sequence[torch.Tensor]], ids: Sequence[int],
+                  full_ids: set[int], writer: FrameWriter, window: int, scratch: Optional[Scratch],
+                  stats: StreamStats, impl: str = "auto") -> Iterator[bool]:
+    """Encode the tensors `ids` of `new` (flat int16 views) into `writer`, yielding whenever its bucket must go
+    out: False while more follows, True for the last frame; the caller sends the frame and resets the writer.
+    Ids in `full_ids` go whole; the others as deltas against `pub`, or whole per window where the delta would be
+    larger. `pub` (None: the caller keeps no published copy, so everything goes whole) ends equal to `new`;
+    `stats` is filled in for `ids`."""
+    for tid in ids:
+        new_n = new[tid]
+        whole = tid in full_ids or pub is None
+        if not whole and (scratch is None or scratch.window < window):
+            raise ValueError(f"delta encoding needs a scratch of at least {window} elements")
+        pub_n = None if pub is None else pub[tid]
+        if whole:
+            stats.kind[tid] = FULL
+        for start, n in windows(new_n.numel(), window):
+            new_w = new_n[start:start + n]
+            if whole:
+                if pub_n is not None:
+                    pub_n[start:start + n].copy_(new_w)
+                wd, dig, changed, size = None, digest(new_w, start, impl), n, full_window_nbytes(n)
+            else:
+                wd = encode_window(new_w, pub_n[start:start + n], scratch, start, impl)
+                dig, changed, size = wd.digest, wd.count, wd.nbytes
+                stats.digest[tid] = add_digest(stats.digest[tid], dig)
+                if changed == 0:
+                    continue
+                if size >= full_window_nbytes(n):
+                    wd, size = None, full_window_nbytes(n)
+                stats.kind[tid] = stats.kind[tid] or DELTA
+            if whole:
+                stats.digest[tid] = add_digest(stats.digest[tid], dig)
+            if not writer.fits(size):
+                yield False
+                writer.reset()
+            if wd is None:
+                writer.add_full(tid, start, new_w)
+            else:
+                writer.add_delta(tid, start, n, wd)
+            stats.count[tid] += changed
+    yield True

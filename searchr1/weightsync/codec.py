@@ -33,8 +33,7 @@ log = logging.getLogger(__name__)
 DELTA, FULL = 1, 2
 REC = 6  # int64 fields per record
 HEAD = 4  # [n_records, payload_bytes, last, n_tensors]
-# Records per frame: a constant of the wire format (the header tensor has a fixed size so that receivers can
-# post the broadcast before knowing the frame); 1024 holds every tensor of a 3B model's small ones in one frame.
+# Records per frame: bounds a receiver's header buffer; a 3B model's ~430 tensors fit one frame.
 MAX_RECORDS = 1024
 INDEX_LIMIT = 2**31 - 1
 _DIGEST_CHUNK = 1 << 22  # torch digest: bounds the int64 temporaries
@@ -363,11 +362,9 @@ class FrameWriter:
         self.used += _pad4(2 * n)
 
     def header(self, last: bool, n_tensors: int) -> torch.Tensor:
-        h = torch.zeros(HEAD + REC * MAX_RECORDS, dtype=torch.int64)
-        h[:HEAD] = torch.tensor([len(self.records), self.used, int(last), n_tensors])
-        if self.records:
-            h[HEAD:HEAD + REC * len(self.records)] = torch.tensor(self.records, dtype=torch.int64).view(-1)
-        return h
+        """[n_records, payload_bytes, last, n_tensors] followed by the records: O(records) int64s."""
+        flat = [v for rec in self.records for v in rec]
+        return torch.tensor([len(self.records), self.used, int(last), n_tensors] + flat, dtype=torch.int64)
 
     def reset(self) -> None:
         self.records, self.used = [], 0

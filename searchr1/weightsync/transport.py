@@ -1,0 +1,261 @@
+"""Weight publication over torch.distributed: trainer rank 0 (group rank 0) broadcasts to every rollout rank.
+
+One publication, every member of the sync group taking part collectively:
+ 1. all_reduce MAX of [resync, version]: any receiver that is new or lost sync (or a publisher whose tensor set
+    changed) turns the publication into a full export, preceded by the name table (JSON of names and numels).
+ 2. frames: int64 [n_records, payload_bytes, last, n_tensors], the records (6 int64 each), then the bucket's
+    used bytes (uint8: gloo has no int16), until `last`.
+ 3. with cfg.verify: the digest table [kind, s0, s1] per tensor; each receiver recomputes the digest of every
+    updated tensor; all_reduce MAX of the mismatch flags; flagged tensors are resent whole in the same
+    publication and checked again; a second failure raises on every rank.
+ 4. all_reduce MAX of the receivers' apply/verify seconds, so the publisher's metrics cover the slowest rank.
+The same code runs on gloo (CPU tensors) and NCCL (CUDA tensors): only `device` differs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from searchr1.config import SyncConfig
+from searchr1.weightsync import codec
+
+
+class SyncError(RuntimeError):
+    """A publication that could not make every receiver bit-exact."""
+
+
+def _bcast(t: torch.Tensor, group) -> None:
+    dist.broadcast(t, group=group, group_src=0)
+
+
+def _max(t: torch.Tensor, group) -> None:
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+
+
+class _Endpoint:
+    def __init__(self, group, cfg: SyncConfig, device, impl: str = "auto"):
+        self.group, self.cfg, self.device, self.impl = group, cfg, torch.device(device), impl
+        self.capacity = cfg.bucket_mb << 20
+        self.header = torch.empty(codec.HEAD + codec.REC * codec.MAX_RECORDS, dtype=torch.int64, device=self.device)
+
+    def _control(self, resync: int, version: int) -> tuple[bool, int]:
+        t = torch.tensor([resync, version], dtype=torch.int64, device=self.device)
+        _max(t, self.group)
+        return bool(t[0]), int(t[1])
+
+    def _mismatch_round(self, flags: torch.Tensor) -> list[int]:
+        _max(flags, self.group)
+        return flags.nonzero().flatten().tolist()
+
+    def _times_round(self, apply_s: float, verify_s: float) -> tuple[float, float]:
+        t = torch.tensor([apply_s, verify_s], dtype=torch.float32, device=self.device)
+        _max(t, self.group)
+        return float(t[0]), float(t[1])
+
+
+class Publisher(_Endpoint):
+    """Trainer rank 0's side. Owns the last published bf16 copy (the reference every delta is taken against)."""
+
+    def __init__(self, group, cfg: SyncConfig, device, impl: str = "auto"):
+        super().__init__(group, cfg, device, impl)
+        self.writer = codec.FrameWriter(self.capacity, self.device)
+        self.scratch: Optional[codec.Scratch] = None
+        self.table: Optional[list[tuple[str, int]]] = None
+        self.published: Optional[list[torch.Tensor]] = None
+
+    def publish(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+        names = list(weights)
+        new = [codec.bits(weights[k]) for k in names]
+        table = [(k, t.numel()) for k, t in zip(names, new)]
+        resync, version = self._control(int(table != self.table), version)
+        m = {"sync/version": float(version), "sync/bytes": 0.0, "sync/encode_s": 0.0, "sync/transfer_s": 0.0}
+        if resync:
+            self._send_table(table, m)
+        delta = self.cfg.method == "delta"
+        if delta and (self.published is None or table != self.table):
+            self.published = [torch.empty_like(t) for t in new]
+        elif not delta:
+            self.published = None
+        self.table = table
+        everything = list(range(len(new)))
+        full_ids = set(everything) if resync or not delta else set()
+        stats = codec.StreamStats.empty(len(new))
+        self._send_stream(new, full_ids, everything, stats, m)
+
+        mismatched, repaired = 0, 0
+        if self.cfg.verify:
+            dig = torch.tensor([[k, s0, s1] for k, (s0, s1) in zip(stats.kind, stats.digest)], dtype=torch.int64)
+            self._send(dig.to(self.device), m)
+            bad = self._mismatch_round(torch.zeros(len(new), dtype=torch.int32, device=self.device))
+            mismatched = len(bad)
+            if bad:
+                repair = codec.StreamStats.empty(len(new))
+                self._send_stream(new, set(bad), bad, repair, m)
+                still = self._mismatch_round(torch.zeros(len(new), dtype=torch.int32, device=self.device))
+                if still:
+                    raise SyncError(f"weights still differ after a full resend: {[names[i] for i in still]}")
+                repaired = len(bad)
+        apply_s, verify_s = self._times_round(0.0, 0.0)
+        total = sum(n for _, n in table)
+        changed = sum(stats.count)
+        m.update({
+            "sync/full": float(bool(full_ids) and len(full_ids) == len(new)),
+            "sync/changed": float(changed),
+            "sync/changed_frac": changed / max(total, 1),
+            "sync/full_bytes": 2.0 * total,
+            "sync/tensors_delta": float(sum(k == codec.DELTA for k in stats.kind)),
+            "sync/tensors_full": float(sum(k == codec.FULL for k in stats.kind)),
+            "sync/apply_s": apply_s,
+            "sync/verify_s": verify_s,
+            "sync/verified": 1.0 if self.cfg.verify else math.nan,  # a failure raises instead
+            "sync/mismatched": float(mismatched),
+            "sync/repaired": float(repaired),
+        })
+        m["sync/bytes_frac"] = m["sync/bytes"] / max(m["sync/full_bytes"], 1.0)
+        return m
+
+    def _send(self, t: torch.Tensor, m: dict) -> None:
+        t0 = time.perf_counter()
+        _bcast(t, self.group)
+        m["sync/transfer_s"] += time.perf_counter() - t0
+        m["sync/bytes"] += t.numel() * t.element_size()
+
+    def _send_table(self, table, m: dict) -> None:
+        blob = torch.frombuffer(bytearray(json.dumps(table).encode()), dtype=torch.uint8)
+        self._send(torch.tensor([blob.numel()], dtype=torch.int64, device=self.device), m)
+        self._send(blob.to(self.device), m)
+
+    def _send_stream(self, new, full_ids, ids, stats, m: dict) -> None:
+        window = codec.window_size(self.capacity)
+        if len(full_ids) < len(ids) and self.scratch is None:
+            self.scratch = codec.Scratch(window, self.device)
+        stream = codec.encode_stream(new, self.published, ids, full_ids, self.writer, window, self.scratch, stats,
+                                     self.impl)
+        while True:
+            t0 = time.perf_counter()
+            last = next(stream)
+            m["sync/encode_s"] += time.perf_counter() - t0
+            header = self.writer.header(last, len(new)).to(self.device)
+            self._send(header[:codec.HEAD], m)
+            if self.writer.records:
+                self._send(header[codec.HEAD:], m)
+            if self.writer.used:
+                self._send(self.writer.bucket[:self.writer.used], m)
+            m["sync/frames"] = m.get("sync/frames", 0.0) + 1
+            self.writer.reset()
+            if last:
+                break
+
+
+class Subscriber(_Endpoint):
+    """A rollout rank's side: writes into the engine's live bf16 tensors in place and checks their digests."""
+
+    def __init__(self, group, cfg: SyncConfig, device, impl: str = "auto"):
+        super().__init__(group, cfg, device, impl)
+        self.bucket = torch.empty(self.capacity, dtype=torch.uint8, device=self.device)
+        self.names: Optional[list[str]] = None
+        self.synced = False
+
+    def receive(self, views: dict[str, torch.Tensor]) -> dict[str, float]:
+        try:
+            return self._receive(views)
+        except Exception:
+            self.synced = False
+            raise
+
+    def _receive(self, views: dict[str, torch.Tensor]) -> dict[str, float]:
+        t_start = time.perf_counter()
+        resync, version = self._control(int(not self.synced), 0)
+        m = {"sync/version": float(version), "sync/apply_s": 0.0, "sync/verify_s": 0.0, "sync/bytes": 0.0}
+        if resync:
+            self.names = self._recv_table(views)
+        if self.names is None:
+            raise SyncError("received a delta before any full export")
+        targets = [self._target(views, k) for k in self.names]
+        changed = self._recv_stream(targets, m)
+
+        mismatched, repaired = 0, 0
+        if self.cfg.verify:
+            dig = torch.empty(len(targets), 3, dtype=torch.int64, device=self.device)
+            _bcast(dig, self.group)
+            dig = dig.cpu()
+            updated = [t for t in range(len(targets)) if dig[t, 0] != 0]
+            own, bad = self._check(targets, dig, updated, m)
+            mismatched = len(own)  # this rank's; the publisher reports the group's
+            if bad:
+                self._recv_stream(targets, m)
+                _, still = self._check(targets, dig, bad, m)
+                if still:
+                    raise SyncError(f"weights still differ after a full resend: {[self.names[i] for i in still]}")
+                repaired = len(own)
+        apply_s, verify_s = m["sync/apply_s"], m["sync/verify_s"]
+        self._times_round(apply_s, verify_s)
+        self.synced = True
+        m.update({"sync/full": float(resync), "sync/changed": float(sum(changed.values())),
+                  "sync/mismatched": float(mismatched), "sync/repaired": float(repaired),
+                  "sync/verified": 1.0 if self.cfg.verify else math.nan,
+                  "sync/transfer_s": time.perf_counter() - t_start - apply_s - verify_s})
+        return m
+
+    def _recv_table(self, views) -> list[str]:
+        n = torch.empty(1, dtype=torch.int64, device=self.device)
+        _bcast(n, self.group)
+        blob = torch.empty(int(n), dtype=torch.uint8, device=self.device)
+        _bcast(blob, self.group)
+        table = json.loads(bytes(blob.cpu().numpy()).decode())
+        for name, numel in table:
+            if name not in views:
+                raise KeyError(f"the trainer publishes {name!r}, which the engine's weight views lack")
+            if views[name].numel() != numel:
+                raise ValueError(f"{name}: the trainer's tensor has {numel} elements, the engine's "
+                                 f"{views[name].numel()} (shape {tuple(views[name].shape)})")
+        return [name for name, _ in table]
+
+    def _target(self, views, name: str) -> torch.Tensor:
+        if name not in views:
+            raise KeyError(f"weight view {name!r} disappeared from the engine since the last full export")
+        v = views[name]
+        if v.device != self.device:
+            raise ValueError(f"{name} lives on {v.device}, the sync group on {self.device}")
+        return codec.bits(v)
+
+    def _recv_stream(self, targets, m: dict) -> dict[int, int]:
+        changed: dict[int, int] = {}
+        while True:
+            _bcast(self.header[:codec.HEAD], self.group)
+            n_rec = int(self.header[0])
+            if not 0 <= n_rec <= codec.MAX_RECORDS:
+                raise SyncError(f"frame header announces {n_rec} records (at most {codec.MAX_RECORDS})")
+            if n_rec:
+                _bcast(self.header[codec.HEAD:codec.HEAD + codec.REC * n_rec], self.group)
+            records, used, last, n_tensors = codec.parse_header(self.header[:codec.HEAD + codec.REC * n_rec])
+            if n_tensors != len(targets):
+                raise SyncError(f"frame for {n_tensors} tensors, this receiver holds {len(targets)}")
+            if used > self.capacity:
+                raise SyncError(f"frame of {used} bytes exceeds sync.bucket_mb={self.cfg.bucket_mb} here")
+            if used:
+                _bcast(self.bucket[:used], self.group)
+            m["sync/bytes"] += used
+            t0 = time.perf_counter()
+            for t, c in codec.apply_frame(records, self.bucket[:used], targets, self.impl, self.names).items():
+                changed[t] = changed.get(t, 0) + c
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            m["sync/apply_s"] += time.perf_counter() - t0
+            if last:
+                return changed
+
+    def _check(self, targets, dig: torch.Tensor, ids: list[int], m: dict) -> tuple[list[int], list[int]]:
+        """(this rank's mismatched tensor ids, every rank's)."""
+        t0 = time.perf_counter()
+        flags = torch.zeros(len(targets), dtype=torch.int32)
+        for t in ids:
+            if codec.digest(targets[t], 0, self.impl) != (int(dig[t, 1]), int(dig[t, 2])):
+                flags[t] = 1
+        m["sync/verify_s"] += time.perf_counter() - t0
+        return flags.nonzero().flatten().tolist(), self._mismatch_round(flags.to(self.device))

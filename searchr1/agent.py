@@ -1,0 +1,269 @@
+"""The Search-R1 protocol: prompt, tag parsing and the multi-turn loop that turns questions into Trajectories.
+
+A trajectory is token ids only: the chat-templated prompt, then each turn's generated ids exactly as the engine
+produced them (a stop string may end inside a token: the token is kept, the text is parsed), then each
+`\\n\\n<information>...</information>\\n\\n` block's ids. Nothing is re-tokenised. The loss mask is 1 exactly on
+generated ids; log-probs are the engine's on those ids and 0.0 on inserted ones.
+
+Each turn stops at `</search>` or `</answer>` (or EOS). A trajectory may search `max_searches` times; the turn
+after the last allowed search is the final one. The text of one turn is parsed by these rules (names are what
+`Trajectory.malformed` and the `rollout/malformed/<rule>` metrics count):
+
+- answer: the turn closes `</answer>`: the prediction is the text after the last `<answer>` before it, stripped.
+  The trajectory ends ("answer").
+    - `text_after_answer`: non-blank text after `</answer>` in the same turn (it can only come from the last
+      token): counted, the answer still stands.
+    - `empty_answer`: `<answer></answer>` with only blanks inside: no prediction.
+- search: the turn closes `</search>` first: the query is the text after the last `<search>` before it.
+    - `multiple_search`: several `<search>` opened before the close: counted, the last one is the query.
+    - `empty_query`: a blank query: counted; it uses up a search and the information block says so (the
+      retriever is not called).
+    - `search_over_limit`: a search when no search is left (the final turn, or rollout.search=false): the
+      trajectory ends ("max_searches") without an answer.
+- `unopened_tag`: a `</search>` or `</answer>` with no opening tag before it: ends ("malformed"), no answer.
+- `unclosed_tag`: the turn ended (EOS or length) inside an open `<search>` or `<answer>`: ends, no answer.
+- `no_tags`: the turn ended with none of `<think>`, `<search>`, `<answer>`: ends, no answer.
+- `no_action`: the turn ended with tags (say a closed `<think>`) but neither a search nor an answer: ends.
+- `model_information`: the model wrote `<information>` itself: counted only (the model must not invent it).
+
+Limits end a trajectory cleanly, scored as it stands: `max_new_tokens` (a turn that hit the per-turn cap
+without finishing an action), `max_context` (prompt + response would pass `max_context_tokens`: the turn is cut
+at the budget and the information block shortened to what fits). The answer counted is the last `<answer>`
+of the model's own output (the prompt's example answer never counts, as only generated text is parsed).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from searchr1.config import RolloutConfig
+from searchr1.engines.base import Engine, Sampling
+from searchr1.reward import exact_match, f1, reward
+from searchr1.trajectory import Trajectory
+
+SEARCH_INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+    "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>. Question: {question}\n")
+DIRECT_INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then provide the "
+    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing "
+    "</answer>. Question: {question}\n")
+STOPS = ["</search>", "</answer>"]
+INFO_HEAD, INFO_TAIL = "\n\n<information>", "</information>\n\n"
+EMPTY_QUERY_INFO = "No results: the search query was empty."
+MALFORMED_RULES = ("text_after_answer", "empty_answer", "multiple_search", "empty_query", "search_over_limit",
+                   "unopened_tag", "unclosed_tag", "no_tags", "no_action", "model_information")
+STOP_REASONS = ("answer", "eos", "max_searches", "max_new_tokens", "max_context", "malformed")
+_SEED_STRIDE = 100_003  # per-turn seed offset; larger than any batch so turns never reuse a row's seed
+
+
+def build_prompt(tokenizer, question: str, search: bool = True) -> list[int]:
+    """The Search-R1 instruction as one user message in the model's own chat template."""
+    text = (SEARCH_INSTRUCTION if search else DIRECT_INSTRUCTION).format(question=question.strip())
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    return tokenizer(rendered, add_special_tokens=False).input_ids
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # "search" | "answer" | "none"
+    content: str | None = None  # the query or the answer
+    malformed: tuple[str, ...] = ()
+
+
+def parse_turn(text: str) -> Action:
+    """Apply the module's rules to one turn's generated text."""
+    flags = ("model_information",) if "<information>" in text else ()
+    close_s, close_a = text.find("</search>"), text.find("</answer>")
+    if close_s < 0 and close_a < 0:
+        if "<search>" in text or "<answer>" in text:
+            return Action("none", None, flags + ("unclosed_tag",))
+        if "<think>" in text or "</think>" in text:
+            return Action("none", None, flags + ("no_action",))
+        return Action("none", None, flags + ("no_tags",))
+    if close_a >= 0 and (close_s < 0 or close_a < close_s):
+        start = text.rfind("<answer>", 0, close_a)
+        if start < 0:
+            return Action("none", None, flags + ("unopened_tag",))
+        answer = text[start + len("<answer>"):close_a].strip()
+        if text[close_a + len("</answer>"):].strip():
+            flags += ("text_after_answer",)
+        if not answer:
+            return Action("answer", None, flags + ("empty_answer",))
+        return Action("answer", answer, flags)
+    head = text[:close_s]
+    opened = head.count("<search>")
+    if opened == 0:
+        return Action("none", None, flags + ("unopened_tag",))
+    if opened > 1:
+        flags += ("multiple_search",)
+    query = head[head.rfind("<search>") + len("<search>"):].strip()
+    return Action("search", query, flags if query else flags + ("empty_query",))
+
+
+@dataclass
+class _Episode:
+    qid: str
+    group: int
+    answers: list[str]
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    searches: int = 0
+    turns: int = 0
+    info_tokens: int = 0
+    stop_reason: str = ""  # empty while the episode is still running
+    prediction: str | None = None
+    malformed: list[str] = field(default_factory=list)
+
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def _insert_info(ep: _Episode, head: list[int], body: list[int], tail: list[int], cfg: RolloutConfig) -> None:
+    room = min(cfg.max_info_tokens, cfg.max_context_tokens - ep.length())
+    keep = room - len(head) - len(tail)
+    if keep < 0:
+        ep.stop_reason = "max_context"
+        return
+    ids = head + body[:keep] + tail
+    ep.response_ids += ids
+    ep.loss_mask += [0] * len(ids)
+    ep.logprobs += [0.0] * len(ids)
+    ep.info_tokens += len(ids)
+    if ep.length() >= cfg.max_context_tokens:
+        ep.stop_reason = "max_context"
+
+
+def _end_without_action(ep: _Episode, finish_reason: str) -> None:
+    ep.stop_reason = {"eos": "eos", "length": "max_new_tokens"}.get(finish_reason, "malformed")
+
+
+def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Callable[[list[str]], list[str]],
+                 cfg: RolloutConfig, sampling: Sampling, policy_version: int, group_offset: int = 0
+                 ) -> tuple[list[Trajectory], dict[str, float]]:
+    """`group_size` trajectories per question, all advanced together turn by turn.
+
+    Each turn is one engine call over every running trajectory and at most one `retrieve` call over all of
+    their queries. `sampling.max_new_tokens` caps each turn (use `sampling_for(cfg)`); its stop strings are
+    replaced by the protocol's. Trajectory i*group_size+j is sample j of question i, in group group_offset+i.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size!r}: must be >= 1")
+    tok = engine.tokenizer
+    started = time.perf_counter()
+    episodes = []
+    for i, q in enumerate(questions):
+        prompt = build_prompt(tok, q.question, cfg.search)
+        episodes += [_Episode(q.qid, group_offset + i, list(q.answers), prompt) for _ in range(group_size)]
+    head = tok(INFO_HEAD, add_special_tokens=False).input_ids
+    tail = tok(INFO_TAIL, add_special_tokens=False).input_ids
+    generation_s = retrieval_s = 0.0
+    turn = 0
+    while True:
+        for ep in episodes:
+            if not ep.stop_reason and ep.length() >= cfg.max_context_tokens:
+                ep.stop_reason = "max_context"
+        active = [ep for ep in episodes if not ep.stop_reason]
+        if not active:
+            break
+        turn_sampling = replace(sampling, stop=list(STOPS),
+                                seed=None if sampling.seed is None else sampling.seed + turn * _SEED_STRIDE)
+        t0 = time.perf_counter()
+        gens = engine.generate([ep.prompt_ids + ep.response_ids for ep in active], turn_sampling)
+        generation_s += time.perf_counter() - t0
+        searching = []
+        for ep, gen in zip(active, gens):
+            budget = cfg.max_context_tokens - ep.length()
+            ids, lps = gen.token_ids[:budget], gen.logprobs[:budget]
+            ep.response_ids += ids
+            ep.loss_mask += [1] * len(ids)
+            ep.logprobs += lps
+            ep.turns += 1
+            if len(ids) < len(gen.token_ids):
+                ep.stop_reason = "max_context"
+                continue
+            action = parse_turn(tok.decode(ids, skip_special_tokens=True))
+            ep.malformed += action.malformed
+            if action.kind == "answer":
+                ep.prediction, ep.stop_reason = action.content, "answer"
+            elif action.kind == "none":
+                _end_without_action(ep, gen.finish_reason)
+            elif not cfg.search or ep.searches >= cfg.max_searches:
+                ep.malformed.append("search_over_limit")
+                ep.stop_reason = "max_searches"
+            else:
+                ep.searches += 1
+                searching.append((ep, action.content))
+        queries = [q for _, q in searching if q]
+        infos = []
+        if queries:
+            t0 = time.perf_counter()
+            infos = retrieve(queries)
+            retrieval_s += time.perf_counter() - t0
+            if len(infos) != len(queries):
+                raise ValueError(f"retrieve returned {len(infos)} results for {len(queries)} queries")
+        found = iter(infos)
+        bodies = [next(found) if q else EMPTY_QUERY_INFO for _, q in searching]
+        if bodies:
+            body_ids = tok(bodies, add_special_tokens=False).input_ids
+            for (ep, _), ids in zip(searching, body_ids):
+                _insert_info(ep, head, ids, tail, cfg)
+        turn += 1
+    trajectories = [_finish(ep, tok, cfg, policy_version) for ep in episodes]
+    return trajectories, rollout_metrics(trajectories, generation_s, retrieval_s, time.perf_counter() - started)
+
+
+def _finish(ep: _Episode, tok, cfg: RolloutConfig, policy_version: int) -> Trajectory:
+    well_formed = not ep.malformed
+    return Trajectory(
+        qid=ep.qid, group=ep.group, prompt_ids=ep.prompt_ids, response_ids=ep.response_ids,
+        loss_mask=ep.loss_mask, logprobs=ep.logprobs,
+        reward=reward(ep.prediction, ep.answers, cfg.format_reward, well_formed),
+        em=exact_match(ep.prediction, ep.answers), f1=f1(ep.prediction, ep.answers), prediction=ep.prediction,
+        answers=ep.answers, searches=ep.searches, turns=ep.turns, info_tokens=ep.info_tokens,
+        stop_reason=ep.stop_reason, malformed=ep.malformed,
+        response_text=tok.decode(ep.response_ids, skip_special_tokens=False), policy_version=policy_version)
+
+
+def sampling_for(cfg: RolloutConfig, greedy: bool = False, seed: int | None = None) -> Sampling:
+    """The rollout's sampling settings; greedy for evaluation."""
+    return Sampling(temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
+                    max_new_tokens=cfg.max_new_tokens, stop=list(STOPS), seed=seed)
+
+
+def rollout_metrics(trajs: list[Trajectory], generation_s: float, retrieval_s: float, total_s: float
+                    ) -> dict[str, float]:
+    """Means per trajectory, fractions per stop reason, counts per malformed rule; the same keys every step."""
+    n = max(len(trajs), 1)
+    generated = sum(t.generated_tokens for t in trajs)
+    m = {
+        "rollout/trajectories": float(len(trajs)),
+        "rollout/reward": sum(t.reward for t in trajs) / n,
+        "rollout/em": sum(t.em for t in trajs) / n,
+        "rollout/f1": sum(t.f1 for t in trajs) / n,
+        "rollout/answer_rate": sum(t.prediction is not None for t in trajs) / n,
+        "rollout/searches": sum(t.searches for t in trajs) / n,
+        "rollout/turns": sum(t.turns for t in trajs) / n,
+        "rollout/generated_tokens": generated / n,
+        "rollout/info_tokens": sum(t.info_tokens for t in trajs) / n,
+        "rollout/response_tokens": sum(len(t.response_ids) for t in trajs) / n,
+        "rollout/truncated": sum(t.stop_reason in ("max_new_tokens", "max_context") for t in trajs) / n,
+        "rollout/malformed_rate": sum(bool(t.malformed) for t in trajs) / n,
+        "rollout/generation_s": generation_s,
+        "rollout/retrieval_s": retrieval_s,
+        "rollout/total_s": total_s,
+        "rollout/generated_tokens_per_s": generated / total_s if total_s > 0 else 0.0,
+    }
+    for reason in STOP_REASONS:
+        m[f"rollout/stop/{reason}"] = sum(t.stop_reason == reason for t in trajs) / n
+    for rule in MALFORMED_RULES:
+        m[f"rollout/malformed/{rule}"] = float(sum(t.malformed.count(rule) for t in trajs))
+    return m

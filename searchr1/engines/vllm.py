@@ -1,0 +1,138 @@
+"""The vLLM engine, in-process, so that its live weights are reachable for in-place weight sync.
+
+- `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core (and the model) in this process.
+- On the CPU backend vLLM repacks every linear weight into a oneDNN/AMX layout and frees the original
+  (`dispatch_cpu_unquantized_gemm(remove_weight=True)`): a write into the parameter would never reach the GEMM.
+  We replace that dispatch with a plain `F.linear` over the live parameter before the engine loads, so the
+  weights stay in the HF-compatible row-major layout that `weight_views` aliases. CUDA keeps the weights as
+  loaded and needs no such change.
+- Log-probs: `logprobs=0` returns the sampled token's log-prob under the raw (temperature-1, pre-top-p)
+  distribution, vLLM's default `raw_logprobs` mode.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from searchr1.config import RolloutConfig
+from searchr1.engines.base import Generation, Sampling, check_prompts
+
+
+def _plain_linear(x, weight, bias):
+    return F.linear(x, weight, bias)
+
+
+def _keep_live_cpu_weights(layer, remove_weight: bool) -> None:
+    layer.cpu_linear = _plain_linear
+
+
+def _set_env(rollout_cfg: RolloutConfig, on_cpu: bool) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if on_cpu:
+        # vLLM reads this in GiB; it accepts a float.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{rollout_cfg.kv_cache_gib:g}"
+
+
+def _hf_param_shapes(model_path: str) -> dict[str, torch.Size]:
+    """The HF parameter names and shapes (tied weights once), from a meta-device model: no memory, no load."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: p.shape for name, p in model.named_parameters()}
+
+
+def map_views(hf_shapes: dict[str, torch.Size], engine_params: dict[str, torch.Tensor],
+              packed: dict[str, list[str]]) -> dict[str, torch.Tensor]:
+    """HF name -> a contiguous view into the engine's parameters, of the HF shape.
+
+    `packed` is vLLM's `packed_modules_mapping` (fused module -> its HF parts, in row order): an HF part is the
+    row block of the fused weight after its earlier siblings. A padded vocabulary keeps rows [0:vocab].
+    """
+    part_of = {part: (fused, i) for fused, parts in packed.items() for i, part in enumerate(parts)}
+    views = {}
+    for name, shape in hf_shapes.items():
+        prefix, _, leaf = name.rpartition(".")
+        module_path, _, module = prefix.rpartition(".")
+        target, offset = name, 0
+        if module in part_of:
+            fused, index = part_of[module]
+            target = f"{module_path}.{fused}.{leaf}"
+            for sibling in packed[fused][:index]:
+                offset += hf_shapes[f"{module_path}.{sibling}.{leaf}"][0]
+        if target not in engine_params:
+            raise KeyError(f"HF parameter {name} maps to engine parameter {target}, which the engine does not have")
+        param = engine_params[target].data
+        if param.shape[1:] != shape[1:] or param.shape[0] < offset + shape[0]:
+            raise ValueError(f"HF parameter {name} {tuple(shape)} does not fit rows [{offset}:{offset + shape[0]}] "
+                             f"of engine parameter {target} {tuple(param.shape)}")
+        view = param.narrow(0, offset, shape[0])
+        if not view.is_contiguous() or view.dtype != torch.bfloat16:
+            raise ValueError(f"engine parameter {target} is not a contiguous bf16 tensor ({view.dtype}); "
+                             "in-place weight writes need one")
+        views[name] = view
+    return views
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, rollout_cfg: RolloutConfig, device: str | torch.device = "cpu",
+                 max_model_len: int | None = None):
+        device = torch.device(device)
+        _set_env(rollout_cfg, device.type == "cpu")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            import vllm.model_executor.layers.utils as layer_utils
+
+            layer_utils.dispatch_cpu_unquantized_gemm = _keep_live_cpu_weights
+        elif device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+        kwargs = dict(model=model_path, dtype="bfloat16", enforce_eager=rollout_cfg.enforce_eager, seed=0,
+                      max_model_len=max_model_len or rollout_cfg.max_context_tokens)
+        if not current_platform.is_cpu():
+            kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.model_path = model_path
+        self.vocab_size = len(self.tokenizer)
+        self._views: dict[str, torch.Tensor] | None = None
+
+    def _model(self):
+        return self.llm.apply_model(lambda model: model)[0]
+
+    def weight_views(self) -> dict[str, torch.Tensor]:
+        if self._views is None:
+            model = self._model()
+            self._views = map_views(_hf_param_shapes(self.model_path), dict(model.named_parameters()),
+                                    getattr(model, "packed_modules_mapping", {}))
+        return self._views
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
+        if not prompts:
+            return []
+        check_prompts(prompts, self.vocab_size)
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_new_tokens, stop=list(sampling.stop), logprobs=0,
+                                 seed=None if sampling.seed is None else sampling.seed + i)
+                  for i in range(len(prompts))]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        gens = []
+        for out in outs:
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            lps = [step[tok].logprob for tok, step in zip(ids, o.logprobs)]
+            if o.finish_reason == "length":
+                reason = "length"
+            elif isinstance(o.stop_reason, str):
+                reason = "stop"
+            else:
+                reason = "eos"
+            gens.append(Generation(ids, lps, reason))
+        return gens

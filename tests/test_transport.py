@@ -92,3 +92,64 @@ def test_full_method_sends_everything_each_time():
         assert m["sync/tensors_full"] == len(SHAPES) and m["sync/changed"] == total
         assert m["sync/bytes"] >= 2 * total
     assert res[0][1]["sync/full"] == 1.0
+
+
+def _engine_worker(rank: int, world: int, port: int, steps: int, q):
+    from searchr1.config import ModelConfig
+    from searchr1.engines.base import Sampling
+    from searchr1.engines.hf import HFEngine
+    from searchr1.models import load_model
+    from searchr1.weightsync.transport import Publisher, Subscriber
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = SyncConfig(method="delta", bucket_mb=1, verify=True)
+    tiny = ModelConfig(name="tiny", source="tiny")
+    out = []
+    try:
+        if rank == 0:
+            torch.manual_seed(0)
+            model, _ = load_model(tiny, dtype=torch.float32)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            pub = Publisher(dist.group.WORLD, cfg, "cpu")
+            for step in range(steps):
+                weights = {k: p.detach().bfloat16().contiguous() for k, p in model.named_parameters()}
+                out.append(pub.publish(weights, version=step))
+                dist.broadcast_object_list([weights], src=0)  # the expected bits, for the receiver's check
+                ids = torch.randint(0, 1000, (2, 16))
+                model(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+                opt.zero_grad()
+        else:
+            model, tok = load_model(tiny, dtype=torch.bfloat16)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(-3.0)  # the engine starts from different weights than the trainer
+            engine = HFEngine(model, tok)
+            sub = Subscriber(dist.group.WORLD, cfg, "cpu")
+            for step in range(steps):
+                out.append(sub.receive(engine.weight_views()))
+                box = [None]
+                dist.broadcast_object_list(box, src=0)
+                views = engine.weight_views()
+                assert set(views) == set(box[0])
+                for k, want in box[0].items():
+                    assert torch.equal(views[k].view(torch.int16), want.view(torch.int16)), (step, k)
+            gen = engine.generate([[1, 2, 3]], Sampling(temperature=0.0, max_new_tokens=4))
+            assert len(gen[0].token_ids) >= 1
+    finally:
+        dist.destroy_process_group()
+    q.put((rank, out))
+
+
+def test_delta_into_hf_engine_weight_views_bit_exact():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_engine_worker, args=(2, port, 5, q), nprocs=2, join=True)
+    res = dict(q.get() for _ in range(2))
+    assert [m["sync/full"] for m in res[0]] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert all(0 < m["sync/changed_frac"] < 1 for m in res[0][1:])
+    assert all(m["sync/mismatched"] == 0 for m in res[1])

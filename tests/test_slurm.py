@@ -58,7 +58,8 @@ def test_rank_env_world_rank_and_rendezvous(tmp_path):
     cluster = make_cfg(tmp_path).cluster
     env = slurm.rank_env(het_env(3), cluster)
     assert env == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "node3",
-                   "MASTER_PORT": str(slurm.job_port("77", cluster.slurm.port_range))}
+                   "MASTER_PORT": str(slurm.job_port("77", cluster.slurm.port_range)), "OMP_NUM_THREADS": "1"}
+    assert slurm.rank_env(het_env(3, SLURM_CPUS_PER_TASK="8"), cluster)["OMP_NUM_THREADS"] == "8"
     cluster.port = 29555
     assert slurm.rank_env(het_env(0), cluster)["MASTER_PORT"] == "29555"
 
@@ -117,6 +118,20 @@ def test_dry_run_writes_a_readable_het_script(tmp_path):
     assert "%j" not in text and "%t" not in text
     assert lines.index("module load cuda") < lines.index(srun[0])
     assert subprocess.run(["bash", "-n", str(run_dir / "submit.sbatch")]).returncode == 0
+
+
+def test_site_example_extends_the_slurm_option(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    import launch
+
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    shutil.copy(REPO / "slurm" / "site.example.yaml", conf / "cluster" / "mysite.yaml")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = launch.validate(compose("config", overrides=["+experiment=search_r1", "cluster=mysite"]))
+    assert cfg.cluster.backend == "slurm" and cfg.cluster.slurm.partition == "gpu"
+    assert cfg.cluster.slurm.port_range == [20000, 32000]  # the rest comes from conf/cluster/slurm.yaml
 
 
 def test_dry_run_without_gpus_requests_none(tmp_path):

@@ -177,8 +177,10 @@ def rank_env(slurm: Mapping[str, str], cluster: ClusterConfig) -> dict[str, str]
             f"het step has {group0} group-0 tasks of {world}; the config asks for cluster.trainer_ranks="
             f"{cluster.trainer_ranks} + cluster.rollout_ranks={cluster.rollout_ranks}")
     port = cluster.port or job_port(job_id, cluster.slurm.port_range)
+    # torch would start one thread per core of the node, whatever Slurm gave the task
+    threads = slurm.get("OMP_NUM_THREADS") or slurm.get("SLURM_CPUS_PER_TASK", "1")
     return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": slurm.get("SLURM_LOCALID", "0"),
-            "MASTER_ADDR": first_host(nodes0), "MASTER_PORT": str(port)}
+            "MASTER_ADDR": first_host(nodes0), "MASTER_PORT": str(port), "OMP_NUM_THREADS": threads}
 
 
 @dataclass

@@ -388,8 +388,8 @@ def submit(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) ->
 
 
 def _failed_ranks(run_dir: Path, job_id: str, world: int) -> list[int]:
-    folder = Path(run_dir) / SUBMITIT_DIR
-    paths = [HetSlurmJob(folder, job_id, tasks=(r,)).paths.result_pickle for r in range(world)]
+    """Ranks without a successful result pickle (submitit writes one per task as its call returns)."""
+    paths = [JobPaths(Path(run_dir) / SUBMITIT_DIR, job_id, task_id=r).result_pickle for r in range(world)]
     return [r for r, p in enumerate(paths) if not p.exists() or pickle_load(p)[0] != "success"]
 
 

@@ -320,3 +320,66 @@ def test_unsatisfiable_requests_fail_at_submission(tmp_path, fields, reason):
         slurm.launch(cfg, run_dir, entry=print)
     if (run_dir / "slurm_job.json").exists():
         assert json.loads((run_dir / "slurm_job.json").read_text())["state"] == "REJECTED"
+
+
+# ------------------------------------------------------------------------- launch.py with the real loop
+def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, timeout_s: int = 240):
+    cmd = [sys.executable, "launch.py", *(["-m"] if multirun else []), "+experiment=smoke", "cluster=slurm",
+           "cluster.gpus=4", "cluster.rollout_ranks=2", "cluster.slurm.rollout_nodes=1",
+           "cluster.slurm.cpus_per_task=1", "cluster.slurm.mem_per_task_gb=1", "cluster.slurm.time_min=10",
+           "cluster.slurm.poll_s=1", f"run_root={tmp_path}", *overrides]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _train_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r["step"] for r in map(json.loads, lines) if r.get("kind") == "train"]
+
+
+@pytest.mark.slurm
+@needs_slurm
+def test_launch_smoke_het_job_survives_a_requeue(tmp_path):
+    """launch.py submits the smoke experiment as one het job; a requeue mid-run resumes from the last
+    checkpoint and the step counter continues; the job completes with every rank in its role."""
+    proc = _launch(tmp_path, "run_name=smoke", "cluster.slurm.wait=true", "steps=5", "checkpoint_every=1")
+    run_dir = tmp_path / "smoke"
+    try:
+        _wait_for(lambda: (run_dir / "slurm_job.json").exists(), 60, "the submission")
+        job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
+        _wait_for(lambda: _squeue(job_id)[0][1] != "PENDING", 30, "the job to start")
+        assert sorted(r[0] for r in _squeue(job_id)) == [f"{job_id}+0", f"{job_id}+1"]
+        _wait_for(lambda: 2 <= len(_train_steps(run_dir)) or proc.poll() is not None, 180, "two steps")
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+        _wait_for(lambda: _nudge(job_id) or proc.poll() is not None, 200, "the requeued job to end")
+        out = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    info = json.loads((run_dir / "slurm_job.json").read_text())
+    assert info["state"] == "COMPLETED" and info["component_states"] == "COMPLETED,COMPLETED"
+    steps = _train_steps(run_dir)
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert steps[:restart] == list(range(1, restart + 1)) and steps[-1] == 5
+    assert steps[restart] > 1 and steps[restart:] == list(range(steps[restart], 6))  # continued, not restarted
+    assert (run_dir / "submit.sbatch").read_text().count("#SBATCH hetjob") == 1
+    for rank, role in enumerate(["trainer", "trainer", "rollout", "rollout"]):
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert f"restart 0: rank {rank}/4 ({role})" in log and f"restart 1: rank {rank}/4 ({role})" in log
+    assert f"at step {steps[restart] - 1}" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.slurm
+@needs_slurm
+def test_multirun_submits_one_job_per_sweep_point(tmp_path):
+    proc = _launch(tmp_path, "algo.lr=1e-6,2e-6", "cluster.slurm.check_s=0", multirun=True)
+    out = proc.communicate(timeout=120)[0]
+    jobs = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/slurm_job.json")}
+    for info in jobs.values():
+        subprocess.run(["scancel", info["job_id"]], capture_output=True)
+    assert proc.returncode == 0, out
+    assert len(jobs) == 2 and len({info["job_id"] for info in jobs.values()}) == 2, out
+    lrs = sorted(rundir.load_config(tmp_path / name).algo.lr for name in jobs)
+    assert lrs == [1e-6, 2e-6]

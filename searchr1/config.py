@@ -123,6 +123,7 @@ class RolloutConfig:
     top_p: float = 1.0
     format_reward: float = 0.0  # added for a well-formed answer that is wrong; 0 = pure EM, as in Search-R1
     search: bool = True  # false: the model answers directly (the no-retrieval baseline)
+    eval_batch_size: int = 64  # held-out questions per agent-loop batch (bounds the HF engine's KV cache)
     # vLLM only
     gpu_memory_utilization: float = 0.6
     kv_cache_gib: float = 1.0  # CPU backend's KV cache (VLLM_CPU_KVCACHE_SPACE)
@@ -136,6 +137,7 @@ class RolloutConfig:
         _check(self.temperature >= 0, "rollout.temperature", self.temperature, "must be >= 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "must be in (0, 1]")
         _check(0 <= self.format_reward < 1, "rollout.format_reward", self.format_reward, "must be in [0, 1)")
+        _check(self.eval_batch_size > 0, "rollout.eval_batch_size", self.eval_batch_size, "must be > 0")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
                self.gpu_memory_utilization, "must be in (0, 1]")
         _check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", self.kv_cache_gib, "must be > 0")

@@ -1,0 +1,81 @@
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from searchr1.config import Config, DataConfig, ModelConfig, RolloutConfig
+from searchr1.engines.base import Generation
+from searchr1.eval import evaluate, main, resolve_model, summarize, write_predictions
+from searchr1.models import load_tokenizer
+
+
+@dataclass
+class Q:
+    qid: str
+    question: str
+    answers: tuple
+
+
+class AnswerEngine:
+    """Answers each question from a table, in one turn, and records the sampling it was asked for."""
+
+    def __init__(self, tokenizer, table):
+        self.tokenizer, self.table, self.calls = tokenizer, table, []
+
+    def generate(self, prompts, sampling):
+        self.calls.append((len(prompts), sampling.temperature))
+        out = []
+        for p in prompts:
+            text = self.tokenizer.decode(p)
+            question = text.split("Question: ")[1].split("\n")[0]
+            ids = self.tokenizer(self.table[question], add_special_tokens=False).input_ids
+            out.append(Generation(ids, [0.0] * len(ids), "stop"))
+        return out
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(ModelConfig(name="tiny", source="tiny"))
+
+
+def test_evaluate_greedy_batches_lines_and_summary(tok, tmp_path):
+    qs = [Q("1", "Capital of France?", ("Paris",)), Q("2", "Is it?", ("yes",)), Q("3", "Who?", ("Zoë Saldaña",)),
+          Q("4", "Where?", ("Rome",)), Q("5", "When?", ("1990",))]
+    table = {"Capital of France?": "<answer> paris </answer>", "Is it?": "<answer> yes it is </answer>",
+             "Who?": "<answer> Zoë Saldaña </answer>", "Where?": "I do not know.", "When?": "<answer>1990</answer>"}
+    engine = AnswerEngine(tok, table)
+    preds, summary = evaluate(engine, qs, lambda q: ["x"] * len(q), RolloutConfig(eval_batch_size=2))
+    assert engine.calls == [(2, 0.0), (2, 0.0), (1, 0.0)]  # greedy, in batches
+    assert [p["id"] for p in preds] == ["1", "2", "3", "4", "5"]
+    assert [p["em"] for p in preds] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert preds[1]["f1"] == 0.0 and preds[3]["prediction"] is None
+    assert set(preds[0]) >= {"id", "question", "answers", "response", "prediction", "em", "f1", "searches"}
+    assert summary["em"] == "3/5" and summary["em_pct"] == 60.0 and summary["answered"] == "4/5"
+    assert summary["malformed"] == {"no_tags": 1}
+    write_predictions(tmp_path / "p.jsonl", preds)
+    lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert lines == preds and lines[2]["prediction"] == "Zoë Saldaña"
+
+
+def test_summary_of_nothing():
+    assert summarize([])["em"] == "0/0"
+
+
+def test_resolve_model_checkpoint_and_errors(tmp_path):
+    assert resolve_model(Config()).source == "smollm2_gguf"
+    ckpt = tmp_path / "step_000002"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "model" / "config.json").write_text("{}")
+    got = resolve_model(Config(checkpoint=str(ckpt)))
+    assert got.source == "hub" and got.path == str(ckpt / "model")
+    with pytest.raises(FileNotFoundError, match="checkpoint="):
+        resolve_model(Config(checkpoint=str(tmp_path / "nothing")))
+
+
+def test_main_writes_predictions_and_summary(tmp_path):
+    cfg = Config(mode="eval", model=ModelConfig(name="tiny", source="tiny"), data=DataConfig(eval_size=3),
+                 rollout=RolloutConfig(engine="hf", max_new_tokens=6, max_searches=1, max_context_tokens=1024))
+    summary = main(cfg, tmp_path)
+    lines = (tmp_path / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and summary["n"] == 3 and summary["em"].endswith("/3")
+    assert json.loads((tmp_path / "eval_summary.json").read_text())["em"] == summary["em"]

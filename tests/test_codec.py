@@ -76,8 +76,10 @@ def test_window_bytes_equal_across_impls_and_gaps_escape(impl):
     assert (got.count, got.n_esc, got.digest) == (ref.count, ref.n_esc, ref.digest) == (8, 3, got.digest)
     assert torch.equal(got.gaps, ref.gaps) and torch.equal(got.esc, ref.esc) and torch.equal(got.vals, ref.vals)
     dst = old.clone()
+    version = dst._version
     codec.apply_window(dst, got.gaps, got.esc, got.vals, impl)
     assert torch.equal(dst, new)
+    assert dst._version > version  # engines detect weight writes by the version counter
 
 
 @pytest.mark.parametrize("impl", IMPLS)

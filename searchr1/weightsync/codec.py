@@ -313,6 +313,9 @@ def apply_window(dst_n: torch.Tensor, gaps: torch.Tensor, esc: torch.Tensor, val
     """Overwrite the changed elements of the int16 window `dst_n` in place (never adds)."""
     if _use_kernel(dst_n, impl):
         kernel().apply_window(dst_n, gaps, esc, vals)
+        # Raw pointer writes leave the autograd version counter alone; an empty in-place op bumps it, as any
+        # torch write would, so that engines watching it (vLLM's prefix cache) see the update.
+        dst_n[:0].zero_()
         return
     if gaps.numel() != vals.numel():
         raise ValueError(f"record has {gaps.numel()} gaps but {vals.numel()} values")

@@ -327,7 +327,7 @@ def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, timeout_s: 
     cmd = [sys.executable, "launch.py", *(["-m"] if multirun else []), "+experiment=smoke", "cluster=slurm",
            "cluster.gpus=4", "cluster.rollout_ranks=2", "cluster.slurm.rollout_nodes=1",
            "cluster.slurm.cpus_per_task=1", "cluster.slurm.mem_per_task_gb=1", "cluster.slurm.time_min=10",
-           "cluster.slurm.poll_s=1", f"run_root={tmp_path}", *overrides]
+           "cluster.slurm.poll_s=1", "cluster.timeout_s=120", f"run_root={tmp_path}", *overrides]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -344,7 +344,7 @@ def test_launch_smoke_het_job_survives_a_requeue(tmp_path):
     """launch.py submits the smoke experiment as one het job; a requeue mid-run resumes from the last
     checkpoint and the step counter continues; the job completes with every rank in its role."""
     proc = _launch(tmp_path, "run_name=smoke", "cluster.slurm.wait=true", "steps=5", "checkpoint_every=1")
-    run_dir = tmp_path / "smoke"
+    run_dir, job_id = tmp_path / "smoke", None
     try:
         _wait_for(lambda: (run_dir / "slurm_job.json").exists(), 60, "the submission")
         job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
@@ -357,6 +357,8 @@ def test_launch_smoke_het_job_survives_a_requeue(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+            if job_id:
+                subprocess.run(["scancel", job_id])
     assert proc.returncode == 0, out
     info = json.loads((run_dir / "slurm_job.json").read_text())
     assert info["state"] == "COMPLETED" and info["component_states"] == "COMPLETED,COMPLETED"

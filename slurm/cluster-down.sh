@@ -11,6 +11,8 @@ if [ "${WIPE:-1}" = 1 ] && [ -f "$S/slurmdbd.pid" ]; then
 fi
 pids=$(cat "$S"/slurmd-*.pid "$S/slurmctld.pid" "$S/slurmdbd.pid" 2>/dev/null)
 if [ -f "$S/slurmdbd.pid" ]; then pids="$pids $(cat /run/mysqld/mysqld.pid 2>/dev/null)"; fi
+# a full teardown also stops munge; a restart (WIPE=0, from cluster-up.sh) keeps it
+if [ "${WIPE:-1}" = 1 ]; then pids="$pids $(cat /run/munge/munged.pid 2>/dev/null)"; fi
 if [ -n "${pids// /}" ]; then
   kill $pids 2>/dev/null
   for _ in $(seq 50); do

@@ -6,11 +6,13 @@ built once per corpus and cached on disk (`load_or_build`), memory-mapped where 
 Two backends behind `Index`:
 - `rank_bm25`: rank_bm25's BM25Okapi itself, the reference (exact, slow: a Python pass over every passage per
   query term).
-- `bm25s`: bm25s holds a sparse term-by-passage matrix of precomputed scores (its CSC arrays, its save/load with
-  mmap, its numba top-k over a batch of queries). bm25s's idf variants differ from BM25Okapi's, so the matrix is
-  built here with BM25Okapi's idf (negative idf floored to epsilon * mean idf) and ATIRE term weighting, which is
-  BM25Okapi's. bm25s sums float32, so it proposes `rerank_depth` candidates and these are rescored here in float64
-  with the very expression rank_bm25 evaluates: the returned scores are rank_bm25's scores.
+- `bm25s`: the index is bm25s's: its sparse CSC arrays of precomputed (term, passage) scores, its save/load and
+  memory-mapped load. What is ours: the matrix is built here (vectorised numpy) with BM25Okapi's idf (negative idf
+  floored to epsilon * mean idf), which none of bm25s's idf variants is, and ATIRE term weighting, which is
+  BM25Okapi's; the query kernel is ours too (bm25s's numba retrieval compiles for ~20 s in every process and
+  cannot be cached; this one is cached on disk, weights a repeated query word instead of scanning it twice, and
+  breaks ties by passage id). It sums float32, so it proposes `rerank_depth` candidates and these are rescored
+  in float64 with the very expression rank_bm25 evaluates: the returned scores are rank_bm25's, bit for bit.
 Both order hits by (score desc, passage id asc) and drop passages that score 0 (they share no term with the query).
 """
 from __future__ import annotations
@@ -27,6 +29,8 @@ import shutil
 import tempfile
 import time
 from array import array
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -225,6 +229,68 @@ def _term_doc_counts(tok_n, len_d, n_vocab):
 
 
 @numba.njit(cache=True, nogil=True)
+def _heap_push(hs, hd, n, s, d):
+    """Keep the best len(hs) (score, doc) pairs in a min-heap, ranking (score desc, doc asc); return its size."""
+    cap = hs.shape[0]
+    if n == cap:
+        if s < hs[0] or (s == hs[0] and d > hd[0]):
+            return n
+        i = 0  # replace the worst, sift down
+        while True:
+            c = 2 * i + 1
+            if c >= cap:
+                break
+            if c + 1 < cap and (hs[c + 1] < hs[c] or (hs[c + 1] == hs[c] and hd[c + 1] > hd[c])):
+                c += 1
+            if hs[c] < s or (hs[c] == s and hd[c] > d):
+                hs[i], hd[i] = hs[c], hd[c]
+                i = c
+            else:
+                break
+        hs[i], hd[i] = s, d
+        return n
+    i = n  # append, sift up
+    while i > 0:
+        par = (i - 1) // 2
+        if hs[par] > s or (hs[par] == s and hd[par] < d):
+            hs[i], hd[i] = hs[par], hd[par]
+            i = par
+        else:
+            break
+    hs[i], hd[i] = s, d
+    return n + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, n_docs, depth):
+    """bm25s-style retrieval: add every posting of each distinct query term (times its count in the query) into
+    a float32 accumulator, then keep the `depth` best passages (score desc, passage asc) of those touched."""
+    n_q = len(q_ptr) - 1
+    cand_qc = np.full((n_q, depth), -1, dtype=np.int64)
+    acc = np.zeros(n_docs, dtype=np.float32)
+    touched = np.empty(n_docs, dtype=np.int32)
+    hs = np.empty(depth, dtype=np.float32)
+    hd = np.empty(depth, dtype=np.int64)
+    for qi in range(n_q):
+        nt = 0
+        for e in range(q_ptr[qi], q_ptr[qi + 1]):
+            t, w = q_term[e], q_mult[e]
+            for p in range(indptr_v[t], indptr_v[t + 1]):
+                d = doc_z[p]
+                old = acc[d]
+                acc[d] = old + w * score_z[p]
+                if old == 0 and acc[d] > 0:
+                    touched[nt] = d
+                    nt += 1
+        n = 0
+        for i in range(nt):
+            n = _heap_push(hs, hd, n, acc[touched[i]], touched[i])
+            acc[touched[i]] = 0
+        cand_qc[qi, :n] = hd[:n]
+    return cand_qc
+
+
+@numba.njit(cache=True, nogil=True)
 def _rescore(q_ptr, q_ids, cand_qc, indptr_v, doc_z, tf_z, len_d, idf_v, k1, b, avgdl):
     """Exact float64 BM25Okapi of each candidate, summed in query-token order like rank_bm25.get_scores."""
     out_qc = np.full(cand_qc.shape, -np.inf)
@@ -255,6 +321,7 @@ class BM25sIndex(Index):
         self.bm, self.tf_z, self.len_d, self.idf_v = bm, tf_z, len_d, idf_v
         self.avgdl = int(len_d.sum()) / len(len_d)  # rank_bm25: total tokens / passages, a Python float
         self.vocab = bm.vocab_dict
+        self._pool = None
 
     @classmethod
     def build(cls, passages, cfg):
@@ -271,7 +338,7 @@ class BM25sIndex(Index):
         score_z = idf_v[term_z] * (tf_f * (cfg.k1 + 1) / (tf_f + cfg.k1 * (1 - cfg.b + cfg.b * len_d[doc_z] / avgdl)))
         del term_z, tf_f
         # method/idf_method are bm25s's labels only: the scores are computed above, not by bm25s.index()
-        bm = bm25s.BM25(k1=cfg.k1, b=cfg.b, method="atire", idf_method="atire", backend="numba")
+        bm = bm25s.BM25(k1=cfg.k1, b=cfg.b, method="atire", idf_method="atire", backend="numpy")
         bm.scores = {"data": score_z.astype(np.float32), "indices": doc_z, "indptr": indptr_v,
                      "num_docs": len(passages)}
         bm.vocab_dict = vocab
@@ -286,18 +353,29 @@ class BM25sIndex(Index):
         if not live:
             return out
         depth = min(max(k, self.cfg.rerank_depth), len(self.passages))
-        threads = self.cfg.threads or len(os.sched_getaffinity(0))
-        cand_qc, _ = self.bm.retrieve([[w for w in tokens[i] if w in self.vocab] for i in live], k=depth,
-                                      sorted=False, return_as="tuple", show_progress=False,
-                                      n_threads=min(threads, numba.config.NUMBA_NUM_THREADS))
-        cand_qc = np.ascontiguousarray(cand_qc, dtype=np.int64)
-        q_ptr = np.cumsum([0] + [len(ids[i]) for i in live], dtype=np.int64)
-        q_ids = np.array([t for i in live for t in ids[i]], dtype=np.int64)
+        threads = min(self.cfg.threads or len(os.sched_getaffinity(0)), len(live))
         s = self.bm.scores
-        exact_qc = _rescore(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], self.tf_z, self.len_d, self.idf_v,
-                            float(self.cfg.k1), float(self.cfg.b), self.avgdl)
-        for row, i in enumerate(live):
-            out[i] = _rank(cand_qc[row], exact_qc[row], k)
+
+        def run(chunk):
+            counts = [Counter(ids[i]) for i in chunk]  # a repeated word is scanned once, weighted by its count
+            q_ptr = np.cumsum([0] + [len(c) for c in counts], dtype=np.int64)
+            q_term = np.array([t for c in counts for t in c], dtype=np.int64)
+            q_mult = np.array([m for c in counts for m in c.values()], dtype=np.float32)
+            cand_qc = _scan_top(q_ptr, q_term, q_mult, s["indptr"], s["indices"], s["data"], len(self.passages),
+                                depth)
+            q_ptr = np.cumsum([0] + [len(ids[i]) for i in chunk], dtype=np.int64)
+            q_ids = np.array([t for i in chunk for t in ids[i]], dtype=np.int64)
+            exact_qc = _rescore(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], self.tf_z, self.len_d,
+                                self.idf_v, float(self.cfg.k1), float(self.cfg.b), self.avgdl)
+            for row, i in enumerate(chunk):
+                out[i] = _rank(cand_qc[row], exact_qc[row], k)
+
+        if threads == 1:
+            run(live)
+        else:  # the kernels release the GIL: one slice of the batch per thread
+            if self._pool is None or self._pool._max_workers != threads:
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="bm25")
+            list(self._pool.map(run, [live[c::threads] for c in range(threads)]))
         return out
 
     def save(self, path):

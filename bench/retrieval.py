@@ -1,0 +1,193 @@
+"""Retrieval benchmark: rank_bm25 (reference) and bm25s side by side, on the shipped corpus and scaled corpora.
+
+    python bench/retrieval.py --quick     # shipped corpus + 20k scaled passages, < 2 min
+    nice python bench/retrieval.py        # shipped corpus + 100k + 1M scaled passages (heavy: run it alone)
+
+Scaled corpora keep the vocabulary real: the shipped passages first, then passages that reuse a shipped
+passage's title (numbered) and sentence count, with sentences drawn at random (seeded) from every shipped
+paragraph. Each (corpus, backend) runs in its own child process so that its peak memory is its own: it builds
+the index, saves it, loads it back memory-mapped (as a rollout rank does), then times batches of 512 queries at
+top-3. Queries are the shipped questions' text. rank_bm25 answers a sample of queries where it is too slow for
+all of them. Agreement: bm25s's top-3 against rank_bm25's, identical ids, or identical up to tied scores.
+Writes results/bench/retrieval[_quick].json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from searchr1 import retrieval  # noqa: E402
+from searchr1.config import DataConfig, RetrieverConfig  # noqa: E402
+from searchr1.data import load_questions, load_splits  # noqa: E402
+
+BATCH = 512
+TOP_K = 3
+N_QUERIES = 1000
+SEED = 0
+
+
+def shipped_questions():
+    files = sorted((ROOT / "data" / "hotpotqa").glob("*/*.json*"))
+    return load_questions(files)
+
+
+def real_queries(n: int) -> list[str]:
+    seen, out = set(), []
+    for q in shipped_questions():
+        if q.question not in seen:
+            seen.add(q.question)
+            out.append(q.question)
+    if len(out) < n:
+        raise SystemExit(f"only {len(out)} distinct shipped questions, need {n}")
+    return out[:n]
+
+
+def corpus(n: int) -> list[dict]:
+    """The shipped corpus, extended to n passages by recombining real sentences (n=0: shipped only)."""
+    base = load_splits(DataConfig(), root=ROOT).corpus
+    if n <= len(base):
+        return base
+    paragraphs = {}
+    for q in shipped_questions():
+        for title, sents in q.context:
+            paragraphs.setdefault(title, sents)
+    pool = [s for sents in paragraphs.values() for s in sents]
+    rng = np.random.default_rng(SEED)
+    n_new = n - len(base)
+    template = rng.integers(0, len(base), n_new)
+    n_sent = np.array([max(1, len(paragraphs.get(p["title"], ("",)))) for p in base])[template]
+    picks = rng.integers(0, len(pool), int(n_sent.sum()))
+    out, at = list(base), 0
+    for j in range(n_new):
+        sents = [pool[i] for i in picks[at: at + n_sent[j]]]
+        at += n_sent[j]
+        out.append({"title": f"{base[template[j]]['title']} ({j})", "text": "".join(sents).strip()})
+    return out
+
+
+def child(spec: dict) -> dict:
+    """One backend on one corpus, in this process alone: build, save, mmap-load, query."""
+    queries = real_queries(N_QUERIES)
+    passages = corpus(spec["n"])
+    rss_corpus = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    cfg = RetrieverConfig(backend=spec["backend"], top_k=TOP_K, threads=spec["threads"])
+    out = {"passages": len(passages), "backend": spec["backend"], "threads": cfg.threads or os.cpu_count()}
+    t0 = time.perf_counter()
+    built = retrieval.build_index(passages, cfg)
+    out["build_s"] = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(dir=spec["tmp"]) as d:
+        t0 = time.perf_counter()
+        retrieval.save_index(built, d)
+        out["save_s"] = time.perf_counter() - t0
+        out["index_bytes"] = sum(f.stat().st_size for f in Path(d).iterdir())
+        del built
+        t0 = time.perf_counter()
+        index = retrieval.load_index(d, passages, cfg)  # hashes the corpus and every file, maps the arrays
+        out["load_s"] = time.perf_counter() - t0
+        index.search(queries[:8])  # compiles bm25s's and our numba kernels
+        timed = queries[: spec["timed"]] if spec["timed"] else [queries[i % len(queries)] for i in range(2 * BATCH)]
+        hits = []
+        t0 = time.perf_counter()
+        for i in range(0, len(timed), BATCH):
+            hits += index.search(timed[i: i + BATCH])
+        out["queries_timed"] = len(timed)
+        out["qps"] = len(timed) / (time.perf_counter() - t0)
+        out["top"] = [[(p.pid, p.score) for p in h] for h in hits[: spec["agree"]]]  # timed[i] is queries[i]
+    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out["corpus_rss_gib"] = rss_corpus
+    return out
+
+
+def run_child(spec: dict, mem_limit_gib: float | None) -> dict:
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
+        cmd = [sys.executable, __file__, "--child", json.dumps({**spec, "out": f.name})]
+        pre = None
+        if mem_limit_gib:
+            lim = int(mem_limit_gib * 2**30)
+            pre = lambda: resource.setrlimit(resource.RLIMIT_AS, (lim, lim))  # noqa: E731
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, preexec_fn=pre, capture_output=True, text=True)
+        if p.returncode != 0:
+            tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+            print(f"  {spec['backend']} at {spec['n']}: failed: {' | '.join(tail)}", flush=True)
+            return {"backend": spec["backend"], "failed": " | ".join(tail), "wall_s": time.perf_counter() - t0}
+        return json.load(open(f.name))
+
+
+def agreement(ref: list, fast: list) -> dict:
+    """Identical ids; or identical up to ties (the same score at every rank); and the largest score gap."""
+    same = tie_same = 0
+    gap = 0.0
+    for r, f in zip(ref, fast):
+        same += [p for p, _ in r] == [p for p, _ in f]
+        tie_same += len(r) == len(f) and all(abs(a[1] - b[1]) <= 1e-9 * max(1.0, abs(a[1])) for a, b in zip(r, f))
+        ref_score = dict((p, s) for p, s in r)
+        gap = max([gap] + [abs(ref_score[p] - s) for p, s in f if p in ref_score])
+    n = len(ref)
+    return {"queries": n, "top3_identical": same / n, "top3_identical_up_to_ties": tie_same / n,
+            "max_abs_score_diff_same_pid": gap}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="shipped corpus + 20k passages, under 2 minutes")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", type=int, nargs="*", help="scaled corpus sizes (default: 100000 1000000)")
+    ap.add_argument("--rank-bm25-mem-gib", type=float, default=14.0,
+                    help="address-space limit of a rank_bm25 child (its 1M index is many GiB of dicts)")
+    args = ap.parse_args()
+    if args.child:
+        spec = json.loads(args.child)
+        res = child(spec)
+        json.dump(res, open(spec["out"], "w"))
+        return
+    sizes = [20_000] if args.quick else (args.sizes or [100_000, 1_000_000])
+    # rank_bm25 queries per corpus: all 1,000 on the shipped corpus, a sample where one query takes seconds
+    ref_queries = {0: N_QUERIES, 20_000: 64, 100_000: 64, 1_000_000: 16}
+    tmp = tempfile.mkdtemp(prefix="bench-retrieval-")
+    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "settings": {**asdict(RetrieverConfig()), "batch": BATCH, "top_k": TOP_K, "quick": args.quick},
+              "corpora": []}
+    for n in [0] + sizes:
+        n_ref = ref_queries.get(n, 16)
+        row = {"requested_passages": n or "shipped"}
+        print(f"corpus {n or 'shipped'}:", flush=True)
+        ref = run_child({"n": n, "backend": "rank_bm25", "threads": 1, "timed": n_ref, "agree": n_ref,
+                         "tmp": tmp}, args.rank_bm25_mem_gib)
+        fast = {}
+        for threads in (1, 0):
+            fast[threads] = run_child({"n": n, "backend": "bm25s", "threads": threads, "timed": 0,
+                                       "agree": N_QUERIES if n == 0 else n_ref, "tmp": tmp}, None)
+        for name, r in (("rank_bm25", ref), ("bm25s_1thread", fast[1]), ("bm25s_all_threads", fast[0])):
+            row[name] = {k: v for k, v in r.items() if k != "top"}
+            print(f"  {name}: {json.dumps(row[name])}", flush=True)
+        if "failed" not in ref:
+            for name, r in (("bm25s_1thread", fast[1]), ("bm25s_all_threads", fast[0])):
+                if "failed" not in r:
+                    row[name]["qps_ratio_vs_rank_bm25"] = r["qps"] / ref["qps"]
+                    row[name]["agreement"] = agreement(ref["top"], r["top"][: len(ref["top"])])
+                    print(f"  {name}: x{row[name]['qps_ratio_vs_rank_bm25']:.0f} rank_bm25's qps, "
+                          f"agreement {json.dumps(row[name]['agreement'])}", flush=True)
+        report["corpora"].append(row)
+    out = ROOT / "results" / "bench" / ("retrieval_quick.json" if args.quick else "retrieval.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+import dataclasses
+import logging
+import os
+import threading
+
+import numpy as np
+import pytest
+from rank_bm25 import BM25Okapi
+
+from searchr1 import retrieval as R
+from searchr1.config import DataConfig, ModelConfig, RetrieverConfig
+from searchr1.data import load_splits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = [
+    {"title": "Paris", "text": "Paris is the capital and largest city of France."},
+    {"title": "Berlin", "text": "Berlin is the capital of Germany. The city is large."},
+    {"title": "Cats", "text": "The cat is a small domesticated animal; a cat sleeps a lot."},
+    {"title": "Cats", "text": "The cat is a small domesticated animal; a cat sleeps a lot."},
+    {"title": "Beyoncé", "text": "Beyoncé Knowles is an American singer from Houston."},
+]
+
+
+def cfg_for(backend, **kw):
+    return RetrieverConfig(backend=backend, threads=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def real():
+    splits = load_splits(DataConfig(), root=ROOT)
+    passages = splits.corpus[:400]
+    queries = [q.question for q in splits.train[:60]]
+    return passages, queries
+
+
+def test_tokenize_lowercases_splits_on_non_alphanumerics_and_keeps_accents():
+    assert R.tokenize("Beyoncé's 2nd-album, snake_case  NAME!") == ["beyoncé", "s", "2nd", "album", "snake", "case",
+                                                                    "name"]
+    assert R.tokenize("   \n\t ") == []
+    assert R.tokenize("The cat and the hat", stopwords="en") == ["cat", "hat"]
+    with pytest.raises(ValueError, match="retriever.stopwords='fr'"):
+        R.tokenize("x", stopwords="fr")
+    assert R.tokenizer_signature("none") != R.tokenizer_signature("en")
+
+
+@pytest.mark.parametrize("backend", ["rank_bm25", "bm25s"])
+def test_scores_are_rank_bm25_okapi_scores(real, backend):
+    passages, queries = real
+    okapi = BM25Okapi([R.tokenize(p["title"] + "\n" + p["text"]) for p in passages], k1=1.5, b=0.75, epsilon=0.25)
+    hits = R.build_index(passages, cfg_for(backend)).search(queries)
+    for q, h in zip(queries, hits):
+        scores = okapi.get_scores(R.tokenize(q))
+        want = np.lexsort((np.arange(len(scores)), -scores))[:3]
+        assert [p.pid for p in h] == list(want), q
+        assert [p.score for p in h] == [scores[i] for i in want], q  # bit for bit, not approximately
+
+
+def test_ties_break_by_passage_id_in_both_backends():
+    for backend in ("rank_bm25", "bm25s"):
+        hits = R.build_index(SMALL, cfg_for(backend)).search(["cat sleeps", "capital"], k=2)
+        assert [p.pid for p in hits[0]] == [2, 3] and hits[0][0].score == hits[0][1].score
+        assert [p.title for p in hits[1]] == ["Paris", "Berlin"] or [p.title for p in hits[1]] == ["Berlin", "Paris"]
+        assert hits[1][0].score > hits[1][1].score  # Paris' passage is shorter: distinct scores, no tie
+
+
+@pytest.mark.parametrize("backend", ["rank_bm25", "bm25s"])
+def test_empty_unknown_and_huge_queries(backend):
+    index = R.build_index(SMALL, cfg_for(backend, max_query_words=5))
+    huge = "capital of france " + " ".join(["zebra"] * 5000)
+    hits = index.search(["", "   \t", "qwertyuiop", huge, "capital of france"])
+    assert hits[:3] == [[], [], []]
+    assert hits[3] == hits[4]  # cut to its first 5 words (zebras beyond the cut cannot count)
+    assert hits[4][0].title == "Paris"
+    assert index.search([]) == []
+    assert len(index.search(["cat"], k=50)[0]) == 2  # k beyond the corpus: every passage that matches
+    with pytest.raises(TypeError, match="list of strings"):
+        index.search("capital of france")
+    with pytest.raises(ValueError, match="k=0"):
+        index.search(["cat"], k=0)
+    assert index.searched_queries == 6 and index.search_seconds > 0
+
+
+def test_bad_passages_are_named():
+    with pytest.raises(ValueError, match=r"passages\[1\]: field 'text'"):
+        R.build_index([{"title": "a", "text": "b"}, {"title": "c"}], cfg_for("bm25s"))
+    with pytest.raises(ValueError, match="non-empty list"):
+        R.build_index([], cfg_for("bm25s"))
+
+
+@pytest.mark.parametrize("backend", ["rank_bm25", "bm25s"])
+def test_cache_round_trip_loads_memory_mapped(tmp_path, real, backend):
+    passages, queries = real
+    cfg = cfg_for(backend)
+    built = R.load_or_build(passages, cfg, str(tmp_path))
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    manifest = (folder / "manifest.json").read_text()
+    assert '"stopwords": "none"' in manifest and R.TOKENIZER_NAME in manifest  # the tokenizer is recorded
+    again = R.load_or_build(passages, cfg, str(tmp_path))
+    assert [p for p in tmp_path.iterdir() if p.is_dir()] == [folder]
+    if backend == "bm25s":
+        assert isinstance(again.bm.scores["data"], np.memmap)
+    assert again.search(queries) == built.search(queries)
+
+
+def test_corrupt_cache_is_rebuilt_never_served(tmp_path, real, caplog):
+    passages, queries = real
+    cfg = cfg_for("bm25s")
+    good = R.load_or_build(passages, cfg, str(tmp_path)).search(queries)
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    data = folder / "data.csc.index.npy"
+    raw = bytearray(data.read_bytes())
+    raw[-5] ^= 0xFF  # one flipped bit pattern deep in the scores: same size, wrong content
+    data.write_bytes(bytes(raw))
+    with pytest.raises(R.IndexCorrupt, match="damaged"):
+        R.load_index(str(folder), passages, cfg)
+    with caplog.at_level(logging.WARNING, logger="searchr1.retrieval"):
+        assert R.load_or_build(passages, cfg, str(tmp_path)).search(queries) == good
+    assert "rebuilding" in caplog.text
+    (folder / "manifest.json").write_text("{not json")
+    with pytest.raises(R.IndexCorrupt, match="unreadable"):
+        R.load_index(str(folder), passages, cfg)
+    assert R.load_or_build(passages, cfg, str(tmp_path)).search(queries) == good
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left
+
+
+def test_cache_for_other_corpus_or_settings_is_not_served(tmp_path):
+    cfg = cfg_for("bm25s")
+    R.save_index(R.build_index(SMALL, cfg), str(tmp_path / "ix"))
+    with pytest.raises(R.IndexCorrupt, match="corpus_sha256"):
+        R.load_index(str(tmp_path / "ix"), SMALL[:-1] + [{"title": "x", "text": "y"}], cfg)
+    with pytest.raises(R.IndexCorrupt, match="settings"):
+        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, k1=1.2))
+    with pytest.raises(R.IndexCorrupt, match="settings"):
+        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, stopwords="en"))
+
+
+def test_concurrent_callers_share_one_build(tmp_path, real):
+    passages, queries = real
+    cfg = cfg_for("bm25s")
+    results, errors = [], []
+
+    def rank():
+        try:
+            results.append(R.load_or_build(passages, cfg, str(tmp_path)).search(queries[:5]))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 3 and results[0] == results[1] == results[2]
+    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 1
+
+
+def test_two_threads_of_bm25s_give_the_one_thread_answer(real):
+    passages, queries = real
+    one = R.build_index(passages, cfg_for("bm25s")).search(queries)
+    two = R.build_index(passages, RetrieverConfig(backend="bm25s", threads=2)).search(queries)
+    assert one == two
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from searchr1.models import load_tokenizer
+
+    return load_tokenizer(ModelConfig(name="tiny", source="tiny"))
+
+
+def test_format_passages_search_r1_style_with_policy_token_budget(tokenizer):
+    long_text = " ".join(f"word{i}" for i in range(300))
+    hits = [R.Passage(0, "Paris", "Paris is the capital of France.", 3.0), R.Passage(7, "Long", long_text, 1.0)]
+    text = R.format_passages(hits, tokenizer, max_tokens=20)
+    first, second = text.split("\n")
+    assert first == "Doc 1(Title: Paris) Paris is the capital of France."
+    assert second.startswith("Doc 2(Title: Long) word0 word1")
+    body = second[len("Doc 2(Title: Long) "):]
+    assert len(tokenizer(body, add_special_tokens=False)["input_ids"]) <= 20 and long_text.startswith(body)
+    assert R.format_passages([], tokenizer, 20) == R.NO_RESULTS
+    accented = R.Passage(1, "B", "Beyoncé Knowles", 1.0)
+    cut = R.format_passages([accented], tokenizer, max_tokens=3)
+    assert "\ufffd" not in cut and cut.startswith("Doc 1(Title: B) Beyon")
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        R.format_passages(hits, tokenizer, 0)

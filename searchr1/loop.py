@@ -143,11 +143,11 @@ class Rollout(_Role):
             with t("transfer"):
                 self.gather((trajs, metrics))
             with t("sync"):
-                sync = sub.receive(worker.weight_views())
+                sub.receive(worker.weight_views())
             version = step + 1
             if eval_due(step + 1, cfg):
                 self.evaluate(worker, t)
-            self.gather({"times": t.close(), "sync": sync})
+            self.gather({"times": t.close()})
 
     def evaluate(self, worker, t: PhaseTimer):
         heldout = self.splits.heldout
@@ -188,12 +188,12 @@ class Trainer(_Role):
                     weights = self.learner.bf16_weights()
                     pub_m = pub.publish(weights, version=step + 1)
             done = step + 1
-            if lead and (done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
+            if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
                 with t("checkpoint"):
                     self._checkpoint(done)
             if eval_due(done, cfg):
                 self.evaluate(done, writer)
-            ranks = self.gather({"times": t.close(), "sync": {}})
+            ranks = self.gather({"times": t.close()})
             if lead:
                 writer.log(self._record(done, trajs, [m for _, m in box[0]], train_m, pub_m, ranks))
         if lead:
@@ -210,10 +210,12 @@ class Trainer(_Role):
         return 0
 
     def _checkpoint(self, done: int) -> None:
+        """Every trainer rank takes part (rank 0 writes, the replicas wait for it); rank 0 moves the pointer."""
         ckpts = self.run_dir / "checkpoints"
-        ckpts.mkdir(exist_ok=True)
         name = f"step_{done:06d}"
         self.learner.save_checkpoint(ckpts / name, {"step": done, "version": done})
+        if self.topo.rank != 0:
+            return
         tmp = ckpts / "latest.tmp"
         tmp.write_text(name + "\n")
         tmp.replace(ckpts / "latest")  # the pointer moves only once the checkpoint is complete
@@ -262,17 +264,13 @@ class Trainer(_Role):
                "generated_tokens": sum(t.generated_tokens for t in trajs),
                "info_tokens": sum(t.info_tokens for t in trajs)}
         for key in sorted({k for m in rollout_ms for k in m}):
-            vals = [m[k] for m in rollout_ms if isinstance(m.get(k), (int, float))]
+            vals = [m[key] for m in rollout_ms if isinstance(m.get(key), (int, float))]
             if vals:  # counts add up; rollout ranks get equal shares, so a mean of their means is the batch mean
                 summed = "malformed/" in key or key.endswith("trajectories")
                 rec[key if "/" in key else f"rollout/{key}"] = sum(vals) if summed else sum(vals) / len(vals)
         rec.update({k if "/" in k else f"train/{k}": v for k, v in train_m.items()})
         rec.update({k if "/" in k else f"sync/{k}": v for k, v in pub_m.items()})
-        recv = [r["sync"] for r in ranks[self.topo.n_trainer:] if r["sync"]]
-        for key in sorted({k for s in recv for k in s}):
-            vals = [s[k] for s in recv if isinstance(s.get(k), (int, float))]
-            if vals:  # the slowest receiver is the one the next step waits for
-                rec[f"sync/recv_{key}_max"] = max(vals)
+        # The publisher's metrics already carry the slowest receiver's apply and verify times.
         wall = ranks[0]["times"]["wall"]
         useful = 0.0
         for role, members in (("trainer", ranks[: self.topo.n_trainer]), ("rollout", ranks[self.topo.n_trainer:])):

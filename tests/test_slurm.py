@@ -323,12 +323,13 @@ def test_unsatisfiable_requests_fail_at_submission(tmp_path, fields, reason):
 
 # ------------------------------------------------------------------------- launch.py with the real loop
 def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, timeout_s: int = 240):
-    cmd = [sys.executable, "launch.py", *(["-m"] if multirun else []), "+experiment=smoke", "cluster=slurm",
+    cmd = [sys.executable, str(REPO / "launch.py"), *(["-m"] if multirun else []), "+experiment=smoke", "cluster=slurm",
            "cluster.gpus=4", "cluster.rollout_ranks=2", "cluster.slurm.rollout_nodes=1",
            "cluster.slurm.cpus_per_task=1", "cluster.slurm.mem_per_task_gb=1", "cluster.slurm.time_min=10",
            "cluster.slurm.poll_s=1", "cluster.timeout_s=120", f"run_root={tmp_path}", *overrides]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # from tmp_path: Hydra's multirun.yaml lands in the working directory (conf/config.yaml: sweep.dir=.)
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _train_steps(run_dir: Path) -> list[int]:

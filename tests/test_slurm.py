@@ -343,7 +343,9 @@ def _train_steps(run_dir: Path) -> list[int]:
 def test_launch_smoke_het_job_survives_a_requeue(tmp_path):
     """launch.py submits the smoke experiment as one het job; a requeue mid-run resumes from the last
     checkpoint and the step counter continues; the job completes with every rank in its role."""
-    proc = _launch(tmp_path, "run_name=smoke", "cluster.slurm.wait=true", "steps=5", "checkpoint_every=1")
+    # steps run ~1.5 s each here, and tasks keep going for a few seconds after the requeue (submitit ignores
+    # SIGTERM): 12 steps leave the requeue something to interrupt
+    proc = _launch(tmp_path, "run_name=smoke", "cluster.slurm.wait=true", "steps=12", "checkpoint_every=1")
     run_dir, job_id = tmp_path / "smoke", None
     try:
         _wait_for(lambda: (run_dir / "slurm_job.json").exists(), 60, "the submission")
@@ -362,10 +364,11 @@ def test_launch_smoke_het_job_survives_a_requeue(tmp_path):
     assert proc.returncode == 0, out
     info = json.loads((run_dir / "slurm_job.json").read_text())
     assert info["state"] == "COMPLETED" and info["component_states"] == "COMPLETED,COMPLETED"
+    assert info["failed_ranks"] == []
     steps = _train_steps(run_dir)
     restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
-    assert steps[:restart] == list(range(1, restart + 1)) and steps[-1] == 5
-    assert steps[restart] > 1 and steps[restart:] == list(range(steps[restart], 6))  # continued, not restarted
+    assert steps[:restart] == list(range(1, restart + 1)) and steps[-1] == 12
+    assert steps[restart] > 1 and steps[restart:] == list(range(steps[restart], 13))  # continued, not restarted
     assert (run_dir / "submit.sbatch").read_text().count("#SBATCH hetjob") == 1
     for rank, role in enumerate(["trainer", "trainer", "rollout", "rollout"]):
         log = (run_dir / "logs" / f"rank{rank}.log").read_text()

@@ -194,6 +194,9 @@ class RankTask:
     def __call__(self):
         env = rank_env(os.environ, self.cfg.cluster)
         os.environ.update(env)
+        # after a requeue, this rank's result from the previous run would pass for this run's (job.done())
+        JobPaths(os.environ["SUBMITIT_FOLDER"], os.environ["SLURM_JOB_ID"], int(env["RANK"])).result_pickle.unlink(
+            missing_ok=True)
         role = "trainer" if int(env["RANK"]) < self.cfg.cluster.trainer_ranks else "rollout"
         print(f"[slurm] job {os.environ['SLURM_JOB_ID']} restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: "
               f"rank {env['RANK']}/{env['WORLD_SIZE']} ({role}) on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()}, "

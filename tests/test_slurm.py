@@ -23,8 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def make_cfg(tmp_path: Path, **slurm_fields) -> Config:
+    # the tasks unpickle toy_entry by reference: they must import this module
+    here = f"export PYTHONPATH={Path(__file__).parent}${{PYTHONPATH:+:$PYTHONPATH}}"
     fields = dict(time_min=10, cpus_per_task=1, mem_per_task_gb=1, trainer_nodes=1, rollout_nodes=1, wait=False,
-                  poll_s=1, check_s=1, setup=[f"export PYTHONPATH={Path(__file__).parent}${{PYTHONPATH:+:$PYTHONPATH}}"])
+                  poll_s=1, check_s=1, setup=[here])
     fields.update(slurm_fields)
     cluster = ClusterConfig(backend="slurm", trainer_ranks=2, rollout_ranks=2, gpus=4, timeout_s=60,
                             slurm=SlurmConfig(**fields))
@@ -82,7 +84,7 @@ def test_merge_components_folds_het_labels():
     assert info["12"]["State"] == "RUNNING" and info["12"]["States"] == "RUNNING,PENDING"
     assert info["13"]["State"] == "CANCELLED" and info["13"]["NodeList"] == "node0,node1"
     assert info["14"]["State"] == "COMPLETED"
-    assert info["15"]["State"] == "PENDING"
+    assert info["15"]["State"] == "PENDING" and info["15"]["NodeList"] == ""
 
 
 @pytest.mark.parametrize("states, state", [

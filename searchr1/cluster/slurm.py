@@ -198,8 +198,9 @@ class RankTask:
         JobPaths(os.environ["SUBMITIT_FOLDER"], os.environ["SLURM_JOB_ID"], int(env["RANK"])).result_pickle.unlink(
             missing_ok=True)
         role = "trainer" if int(env["RANK"]) < self.cfg.cluster.trainer_ranks else "rollout"
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         print(f"[slurm] job {os.environ['SLURM_JOB_ID']} restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: "
-              f"rank {env['RANK']}/{env['WORLD_SIZE']} ({role}) on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()}, "
+              f"rank {env['RANK']}/{env['WORLD_SIZE']} ({role}) on {node}, "
               f"rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']}", flush=True)
         return self.entry(self.cfg, self.run_dir)
 
@@ -239,7 +240,8 @@ def merge_components(rows: list[tuple[str, str, str]]) -> dict[str, dict[str, st
         ordered = [comps[k] for k in sorted(comps)]
         info[job_id] = {"State": combined_state([s for s, _ in ordered]),
                         "States": ",".join(s for s, _ in ordered),
-                        "NodeList": ",".join(n for _, n in ordered if n and n != "None assigned")}
+                        # a pending component has "(null)"/"None assigned" or a "(reason)" instead of nodes
+                        "NodeList": ",".join(n for _, n in ordered if n and n[0] != "(" and n != "None assigned")}
     return info
 
 

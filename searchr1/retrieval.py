@@ -26,6 +26,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 import tempfile
 import time
 from array import array
@@ -152,6 +153,9 @@ class Index:
 
 def _rank(pids, scores, k: int) -> list[tuple[int, float]]:
     """Best k by (score desc, pid asc), dropping passages with no shared term (score <= 0)."""
+    if len(scores) > k:  # only passages tied with or above the k-th score can make it
+        keep = np.flatnonzero(scores >= np.partition(scores, -k)[-k])
+        pids, scores = pids[keep], scores[keep]
     order = np.lexsort((pids, -scores))[:k]
     return [(int(pids[i]), float(scores[i])) for i in order if scores[i] > 0]
 
@@ -167,7 +171,8 @@ class RankBM25Index(Index):
     def build(cls, passages, cfg):
         from rank_bm25 import BM25Okapi
 
-        corpus = [tokenize(_doc_text(p), cfg.stopwords) for p in passages]
+        # one string object per distinct word: rank_bm25 keeps a dict per passage, keyed by these
+        corpus = [[sys.intern(w) for w in tokenize(_doc_text(p), cfg.stopwords)] for p in passages]
         return cls(passages, cfg, BM25Okapi(corpus, k1=cfg.k1, b=cfg.b, epsilon=cfg.epsilon))
 
     def _top_k(self, tokens, k):
@@ -264,28 +269,23 @@ def _heap_push(hs, hd, n, s, d):
 @numba.njit(cache=True, nogil=True)
 def _scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, n_docs, depth):
     """bm25s-style retrieval: add every posting of each distinct query term (times its count in the query) into
-    a float32 accumulator, then keep the `depth` best passages (score desc, passage asc) of those touched."""
+    a float32 accumulator, then keep the `depth` best passages (score desc, passage asc)."""
     n_q = len(q_ptr) - 1
     cand_qc = np.full((n_q, depth), -1, dtype=np.int64)
-    acc = np.zeros(n_docs, dtype=np.float32)
-    touched = np.empty(n_docs, dtype=np.int32)
+    acc = np.empty(n_docs, dtype=np.float32)
     hs = np.empty(depth, dtype=np.float32)
     hd = np.empty(depth, dtype=np.int64)
     for qi in range(n_q):
-        nt = 0
+        acc[:] = 0
         for e in range(q_ptr[qi], q_ptr[qi + 1]):
             t, w = q_term[e], q_mult[e]
             for p in range(indptr_v[t], indptr_v[t + 1]):
-                d = doc_z[p]
-                old = acc[d]
-                acc[d] = old + w * score_z[p]
-                if old == 0 and acc[d] > 0:
-                    touched[nt] = d
-                    nt += 1
+                acc[doc_z[p]] += w * score_z[p]
         n = 0
-        for i in range(nt):
-            n = _heap_push(hs, hd, n, acc[touched[i]], touched[i])
-            acc[touched[i]] = 0
+        for d in range(n_docs):
+            v = acc[d]
+            if v > 0 and (n < depth or v >= hs[0]):
+                n = _heap_push(hs, hd, n, v, d)
         cand_qc[qi, :n] = hd[:n]
     return cand_qc
 

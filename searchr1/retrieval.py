@@ -18,10 +18,10 @@ Both order hits by (score desc, passage id asc) and drop passages that score 0 (
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import pickle
 import re
@@ -29,15 +29,14 @@ import shutil
 import sys
 import tempfile
 import time
-from array import array
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from searchr1 import bm25
 from searchr1.config import RetrieverConfig
 
 log = logging.getLogger(__name__)
@@ -61,6 +60,7 @@ class Passage:
     score: float
 
 
+@functools.lru_cache(maxsize=None)
 def _stopword_set(stopwords: str) -> frozenset[str]:
     if stopwords == "none":
         return frozenset()
@@ -163,9 +163,9 @@ def _rank(pids, scores, k: int) -> list[tuple[int, float]]:
 class RankBM25Index(Index):
     backend = "rank_bm25"
 
-    def __init__(self, passages, cfg, bm25):
+    def __init__(self, passages, cfg, okapi):
         super().__init__(passages, cfg)
-        self.bm25 = bm25
+        self.okapi = okapi
 
     @classmethod
     def build(cls, passages, cfg):
@@ -177,139 +177,20 @@ class RankBM25Index(Index):
 
     def _top_k(self, tokens, k):
         pids = np.arange(len(self.passages))
-        return [_rank(pids, self.bm25.get_scores(q), k) if q else [] for q in tokens]
+        return [_rank(pids, self.okapi.get_scores(q), k) if q else [] for q in tokens]
 
     def save(self, path):
         with open(os.path.join(path, "rank_bm25.pkl"), "wb") as f:
-            pickle.dump(self.bm25, f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(self.okapi, f, protocol=pickle.HIGHEST_PROTOCOL)
         return {}
 
     @classmethod
     def load(cls, path, passages, cfg, manifest):
         with open(os.path.join(path, "rank_bm25.pkl"), "rb") as f:
-            bm25 = pickle.load(f)  # trusted: our own file, checked against its sha256 before this
-        if bm25.corpus_size != len(passages):
-            raise IndexCorrupt(f"{path}: rank_bm25 index has {bm25.corpus_size} passages, corpus has {len(passages)}")
-        return cls(passages, cfg, bm25)
-
-
-def _okapi_idf(df_v: np.ndarray, n_docs: int, epsilon: float) -> np.ndarray:
-    """BM25Okapi's idf with math.log and a sequential mean in first-seen order, as rank_bm25 computes it,
-    so that scores match bit for bit (np.log and pairwise sums can differ in the last bit)."""
-    idf = [math.log(n_docs - f + 0.5) - math.log(f + 0.5) for f in df_v.tolist()]
-    total = 0.0
-    for x in idf:
-        total += x
-    floor = epsilon * (total / len(idf))
-    return np.array([floor if x < 0 else x for x in idf], dtype=np.float64)
-
-
-def _count_tokens(passages, stopwords):
-    """Vocabulary in first-seen order (rank_bm25's order), flat token ids, passage lengths."""
-    vocab: dict[str, int] = {}
-    tok_n = array("i")
-    len_d = np.empty(len(passages), dtype=np.int64)
-    for d, p in enumerate(passages):
-        ids = [vocab.setdefault(w, len(vocab)) for w in tokenize(_doc_text(p), stopwords)]
-        tok_n.extend(ids)
-        len_d[d] = len(ids)
-    return vocab, np.frombuffer(tok_n, dtype=np.int32), len_d
-
-
-def _term_doc_counts(tok_n, len_d, n_vocab):
-    """(term, doc) pairs sorted by term then doc (CSC order), their counts, and the column pointers."""
-    n_docs = len(len_d)
-    key_n = tok_n.astype(np.int64) * n_docs
-    key_n += np.repeat(np.arange(n_docs, dtype=np.int64), len_d)
-    key_n.sort()
-    first_z = np.flatnonzero(np.concatenate(([True], key_n[1:] != key_n[:-1])))
-    tf_z = np.diff(np.append(first_z, len(key_n)))
-    key_z = key_n[first_z]
-    del key_n, first_z
-    term_z = key_z // n_docs
-    doc_z = (key_z - term_z * n_docs).astype(np.int32)
-    indptr_v = np.zeros(n_vocab + 1, dtype=np.int64)
-    np.cumsum(np.bincount(term_z, minlength=n_vocab), out=indptr_v[1:])
-    return term_z, doc_z, tf_z, indptr_v
-
-
-@numba.njit(cache=True, nogil=True)
-def _heap_push(hs, hd, n, s, d):
-    """Keep the best len(hs) (score, doc) pairs in a min-heap, ranking (score desc, doc asc); return its size."""
-    cap = hs.shape[0]
-    if n == cap:
-        if s < hs[0] or (s == hs[0] and d > hd[0]):
-            return n
-        i = 0  # replace the worst, sift down
-        while True:
-            c = 2 * i + 1
-            if c >= cap:
-                break
-            if c + 1 < cap and (hs[c + 1] < hs[c] or (hs[c + 1] == hs[c] and hd[c + 1] > hd[c])):
-                c += 1
-            if hs[c] < s or (hs[c] == s and hd[c] > d):
-                hs[i], hd[i] = hs[c], hd[c]
-                i = c
-            else:
-                break
-        hs[i], hd[i] = s, d
-        return n
-    i = n  # append, sift up
-    while i > 0:
-        par = (i - 1) // 2
-        if hs[par] > s or (hs[par] == s and hd[par] < d):
-            hs[i], hd[i] = hs[par], hd[par]
-            i = par
-        else:
-            break
-    hs[i], hd[i] = s, d
-    return n + 1
-
-
-@numba.njit(cache=True, nogil=True)
-def _scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, n_docs, depth):
-    """bm25s-style retrieval: add every posting of each distinct query term (times its count in the query) into
-    a float32 accumulator, then keep the `depth` best passages (score desc, passage asc)."""
-    n_q = len(q_ptr) - 1
-    cand_qc = np.full((n_q, depth), -1, dtype=np.int64)
-    acc = np.empty(n_docs, dtype=np.float32)
-    hs = np.empty(depth, dtype=np.float32)
-    hd = np.empty(depth, dtype=np.int64)
-    for qi in range(n_q):
-        acc[:] = 0
-        for e in range(q_ptr[qi], q_ptr[qi + 1]):
-            t, w = q_term[e], q_mult[e]
-            for p in range(indptr_v[t], indptr_v[t + 1]):
-                acc[doc_z[p]] += w * score_z[p]
-        n = 0
-        for d in range(n_docs):
-            v = acc[d]
-            if v > 0 and (n < depth or v >= hs[0]):
-                n = _heap_push(hs, hd, n, v, d)
-        cand_qc[qi, :n] = hd[:n]
-    return cand_qc
-
-
-@numba.njit(cache=True, nogil=True)
-def _rescore(q_ptr, q_ids, cand_qc, indptr_v, doc_z, tf_z, len_d, idf_v, k1, b, avgdl):
-    """Exact float64 BM25Okapi of each candidate, summed in query-token order like rank_bm25.get_scores."""
-    out_qc = np.full(cand_qc.shape, -np.inf)
-    for i in range(cand_qc.shape[0]):
-        for j in range(cand_qc.shape[1]):
-            d = cand_qc[i, j]
-            if d < 0:
-                continue
-            dl = float(len_d[d])
-            s = 0.0
-            for p in range(q_ptr[i], q_ptr[i + 1]):
-                t = q_ids[p]
-                lo, hi = indptr_v[t], indptr_v[t + 1]
-                pos = lo + np.searchsorted(doc_z[lo:hi], d)
-                if pos < hi and doc_z[pos] == d:
-                    f = float(tf_z[pos])
-                    s += idf_v[t] * (f * (k1 + 1.0) / (f + k1 * (1.0 - b + b * dl / avgdl)))
-            out_qc[i, j] = s
-    return out_qc
+            okapi = pickle.load(f)  # trusted: our own file, checked against its sha256 before this
+        if okapi.corpus_size != len(passages):
+            raise IndexCorrupt(f"{path}: rank_bm25 index has {okapi.corpus_size} passages, corpus has {len(passages)}")
+        return cls(passages, cfg, okapi)
 
 
 class BM25sIndex(Index):
@@ -321,22 +202,21 @@ class BM25sIndex(Index):
         self.bm, self.tf_z, self.len_d, self.idf_v = bm, tf_z, len_d, idf_v
         self.avgdl = int(len_d.sum()) / len(len_d)  # rank_bm25: total tokens / passages, a Python float
         self.vocab = bm.vocab_dict
-        self._pool = None
+        self._pool, self._pool_size = None, 0
 
     @classmethod
     def build(cls, passages, cfg):
         import bm25s
 
-        vocab, tok_n, len_d = _count_tokens(passages, cfg.stopwords)
+        words = (tokenize(_doc_text(p), cfg.stopwords) for p in passages)
+        vocab, tok_n, len_d = bm25.count_tokens(words, len(passages))
         if not vocab:
             raise ValueError("passages: no passage has a single word; nothing to index")
-        term_z, doc_z, tf_z, indptr_v = _term_doc_counts(tok_n, len_d, len(vocab))
+        term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, len(vocab))
         del tok_n
-        idf_v = _okapi_idf(np.diff(indptr_v), len(passages), cfg.epsilon)
-        avgdl = int(len_d.sum()) / len(len_d)
-        tf_f = tf_z.astype(np.float64)
-        score_z = idf_v[term_z] * (tf_f * (cfg.k1 + 1) / (tf_f + cfg.k1 * (1 - cfg.b + cfg.b * len_d[doc_z] / avgdl)))
-        del term_z, tf_f
+        idf_v = bm25.okapi_idf(np.diff(indptr_v), len(passages), cfg.epsilon)
+        score_z = bm25.okapi_scores(idf_v, term_z, doc_z, tf_z, len_d, cfg.k1, cfg.b)
+        del term_z
         # method/idf_method are bm25s's labels only: the scores are computed above, not by bm25s.index()
         bm = bm25s.BM25(k1=cfg.k1, b=cfg.b, method="atire", idf_method="atire", backend="numpy")
         bm.scores = {"data": score_z.astype(np.float32), "indices": doc_z, "indptr": indptr_v,
@@ -361,20 +241,20 @@ class BM25sIndex(Index):
             q_ptr = np.cumsum([0] + [len(c) for c in counts], dtype=np.int64)
             q_term = np.array([t for c in counts for t in c], dtype=np.int64)
             q_mult = np.array([m for c in counts for m in c.values()], dtype=np.float32)
-            cand_qc = _scan_top(q_ptr, q_term, q_mult, s["indptr"], s["indices"], s["data"], len(self.passages),
-                                depth)
+            cand_qc = bm25.scan_top(q_ptr, q_term, q_mult, s["indptr"], s["indices"], s["data"],
+                                    len(self.passages), depth)
             q_ptr = np.cumsum([0] + [len(ids[i]) for i in chunk], dtype=np.int64)
             q_ids = np.array([t for i in chunk for t in ids[i]], dtype=np.int64)
-            exact_qc = _rescore(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], self.tf_z, self.len_d,
-                                self.idf_v, float(self.cfg.k1), float(self.cfg.b), self.avgdl)
+            exact_qc = bm25.rescore_exact(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], self.tf_z,
+                                          self.len_d, self.idf_v, float(self.cfg.k1), float(self.cfg.b), self.avgdl)
             for row, i in enumerate(chunk):
                 out[i] = _rank(cand_qc[row], exact_qc[row], k)
 
         if threads == 1:
             run(live)
         else:  # the kernels release the GIL: one slice of the batch per thread
-            if self._pool is None or self._pool._max_workers != threads:
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="bm25")
+            if self._pool is None or self._pool_size != threads:
+                self._pool, self._pool_size = ThreadPoolExecutor(threads, thread_name_prefix="bm25"), threads
             list(self._pool.map(run, [live[c::threads] for c in range(threads)]))
         return out
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
+from searchr1 import bm25
 from searchr1 import retrieval as R
 from searchr1.config import DataConfig, ModelConfig, RetrieverConfig
 from searchr1.data import load_splits
@@ -183,3 +184,23 @@ def test_format_passages_search_r1_style_with_policy_token_budget(tokenizer):
     assert "\ufffd" not in cut and cut.startswith("Doc 1(Title: B) Beyon")
     with pytest.raises(ValueError, match="max_tokens=0"):
         R.format_passages(hits, tokenizer, 0)
+
+
+def test_okapi_idf_floors_negative_idf_at_epsilon_times_mean():
+    # 4 passages; df 1 -> log(3.5/1.5); df 3 -> log(1.5/3.5) < 0 -> floored to 0.25 * mean of the raw idfs
+    raw = [np.log(3.5 / 1.5), np.log(1.5 / 3.5)]
+    idf_v = bm25.okapi_idf(np.array([1, 3]), 4, 0.25)
+    assert np.allclose(idf_v, [raw[0], 0.25 * (raw[0] + raw[1]) / 2])
+
+
+def test_term_doc_counts_and_scan_top_break_ties_by_passage():
+    vocab, tok_n, len_d = bm25.count_tokens([["a", "b", "a"], ["b"], ["a"], []], 4)
+    assert vocab == {"a": 0, "b": 1} and list(len_d) == [3, 1, 1, 0]
+    term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, len(vocab))
+    assert list(zip(term_z, doc_z, tf_z)) == [(0, 0, 2), (0, 2, 1), (1, 0, 1), (1, 1, 1)]
+    assert list(indptr_v) == [0, 2, 4]
+    score_z = np.array([1.0, 0.5, 0.5, 0.5], dtype=np.float32)  # passages 1 and 2 tie at 0.5 for "a b"
+    q_ptr, q_term, q_mult = np.array([0, 2]), np.array([0, 1]), np.array([1.0, 1.0], dtype=np.float32)
+    cand_qc = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 2)
+    assert sorted(cand_qc[0].tolist()) == [0, 1]  # 0 scores 1.5; 1 and 2 tie at 0.5: the lower id stays
+    assert bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 4)[0].tolist().count(-1) == 1

@@ -26,50 +26,54 @@ def _trainer_weights(step: int) -> dict[str, torch.Tensor]:
     return {k: p.bfloat16().contiguous() for k, p in master.items()}
 
 
-def _worker(rank: int, world: int, port: int, method: str, steps: int, q):
+def _worker(rank: int, world: int, port: int, plan: list[tuple[str, int]], q):
+    """Each (method, steps) of `plan` with fresh endpoints: the first publication of each is a full export."""
     from searchr1.weightsync.transport import Publisher, Subscriber
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     group = dist.new_group(list(range(world)))
-    cfg = SyncConfig(method=method, bucket_mb=1, verify=True)
-    out = []
+    out = {}
     try:
-        if rank == 0:
-            pub = Publisher(group, cfg, "cpu")
-            for step in range(steps):
-                out.append(pub.publish(_trainer_weights(step), version=step))
-        else:
+        for method, steps in plan:
+            cfg = SyncConfig(method=method, bucket_mb=1, verify=True)
+            out[method] = runs = []
+            if rank == 0:
+                pub = Publisher(group, cfg, "cpu")
+                for step in range(steps):
+                    runs.append(pub.publish(_trainer_weights(step), version=step))
+                continue
             sub = Subscriber(group, cfg, "cpu")
             views = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in SHAPES.items()}
             for step in range(steps):
-                if rank == 1 and step == 3:
+                if method == "delta" and rank == 1 and step == 3:
                     views["embed.weight"][7, 9] = float("nan")  # corrupt a receiver: repaired within step 3
-                if rank == 2 and step == 5:
+                if method == "delta" and rank == 2 and step == 5:
                     sub.synced = False  # as if this rank restarted: the publication becomes a full export
                 m = sub.receive(views)
                 want = _trainer_weights(step)
                 for k in SHAPES:
                     assert torch.equal(views[k].view(torch.int16), want[k].view(torch.int16)), (rank, step, k)
-                out.append(m)
+                runs.append(m)
     finally:
         dist.destroy_process_group()
     q.put((rank, out))
 
 
-def _run(method: str, steps: int) -> dict[int, list[dict]]:
+@pytest.fixture(scope="module")
+def gloo_runs() -> dict[int, dict[str, list[dict]]]:
+    """One spawn of 1 publisher + 2 subscribers: 7 delta publications, then 2 with sync=full."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.spawn(_worker, args=(3, port, method, steps, q), nprocs=3, join=True)
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_worker, args=(3, port, [("delta", 7), ("full", 2)], q), nprocs=3, join=True)
     return dict(q.get() for _ in range(3))
 
 
-def test_delta_publication_two_receivers_repair_and_resync():
-    res = _run("delta", 7)
+def test_delta_publication_two_receivers_repair_and_resync(gloo_runs):
+    res = {r: out["delta"] for r, out in gloo_runs.items()}
     pub = res[0]
     assert [m["sync/full"] for m in pub] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     assert all(m["sync/verified"] == 1.0 for m in pub)
@@ -85,8 +89,8 @@ def test_delta_publication_two_receivers_repair_and_resync():
     assert [m["sync/version"] for m in res[2]] == list(range(7))
 
 
-def test_full_method_sends_everything_each_time():
-    res = _run("full", 2)
+def test_full_method_sends_everything_each_time(gloo_runs):
+    res = {r: out["full"] for r, out in gloo_runs.items()}
     total = sum(math.prod(s) for s in SHAPES.values())
     for m in res[0]:
         assert m["sync/tensors_full"] == len(SHAPES) and m["sync/changed"] == total

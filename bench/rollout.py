@@ -1,0 +1,112 @@
+"""Rollout throughput: the agent loop (generation + parsing + batched BM25 + information blocks) against the
+engine's raw generation on the same prompts, in one process, on one warm engine.
+
+    python bench/rollout.py                                   # search_r1_cpu settings, vLLM engine
+    python bench/rollout.py rollout=hf bench.questions=4      # any Hydra override of conf/
+
+The raw pass is one `generate` call over the same chat-templated prompts (same sampling, no stop strings, the
+per-turn token cap times the turn budget), i.e. what the engine does with no protocol at all. It runs before
+and after the rollout and the two are averaged, since the machine is shared and its speed drifts.
+Ratios: rollout trajectory tokens/s (generated + inserted) and generated tokens/s, each over raw generated
+tokens/s; and the share of the rollout's wall time spent inside the engine. Writes results/bench/rollout.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BENCH_DEFAULTS = ["+experiment=search_r1_cpu", "rollout=vllm"]
+QUESTIONS, GROUP, SEED = 16, 2, 0  # 32 trajectories: one GRPO step of one rollout rank at search_r1_cpu scale
+
+
+def _config(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    import launch
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return launch.validate(compose("config", overrides=BENCH_DEFAULTS + overrides))
+
+
+def main(argv: list[str]) -> dict:
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    bench_args = {a.split("=", 1)[0]: int(a.split("=", 1)[1]) for a in argv if a.startswith("bench.")}
+    cfg = _config([a for a in argv if not a.startswith("bench.")])
+    n_q = bench_args.get("bench.questions", QUESTIONS)
+    group = bench_args.get("bench.group", GROUP)
+
+    from searchr1.agent import build_prompt, run_episodes, sampling_for
+    from searchr1.data import load_splits
+    from searchr1.engines import make_engine
+    from searchr1.engines.base import Sampling
+    from searchr1.retrieval import format_passages, load_or_build
+
+    splits = load_splits(cfg.data, root=ROOT)
+    index = load_or_build(splits.corpus, cfg.retriever, cfg.retriever.cache_dir)
+    t0 = time.perf_counter()
+    engine = make_engine(cfg.model, cfg.rollout, "cpu")
+    start_s = time.perf_counter() - t0
+    tok = engine.tokenizer
+
+    def retrieve(queries):
+        return [format_passages(p, tok, cfg.retriever.passage_max_tokens)
+                for p in index.search(queries, cfg.retriever.top_k)]
+
+    questions = splits.train[:n_q]
+    prompts = [build_prompt(tok, q.question, cfg.rollout.search) for q in questions for _ in range(group)]
+    sampling = sampling_for(cfg.rollout, seed=SEED)
+    raw_sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=SEED,
+                            max_new_tokens=cfg.rollout.max_new_tokens * (cfg.rollout.max_searches + 1))
+    engine.generate(prompts[:2], Sampling(max_new_tokens=4))  # warm-up
+
+    def raw_pass() -> dict:
+        t = time.perf_counter()
+        gens = engine.generate(prompts, raw_sampling)
+        secs = time.perf_counter() - t
+        n = sum(len(g.token_ids) for g in gens)
+        return {"seconds": secs, "generated_tokens": n, "tokens_per_s": n / secs}
+
+    raw_before = raw_pass()
+    trajs, m = run_episodes(engine, questions, group, retrieve, cfg.rollout, sampling, policy_version=0)
+    raw_after = raw_pass()
+    raw_tps = (raw_before["generated_tokens"] + raw_after["generated_tokens"]) / (
+        raw_before["seconds"] + raw_after["seconds"])
+    generated = sum(t.generated_tokens for t in trajs)
+    response = sum(len(t.response_ids) for t in trajs)
+    total = m["rollout/total_s"]
+    result = {
+        "what": "agent-loop rollout vs raw engine generation on the same prompts (same process, warm engine)",
+        "command": "python bench/rollout.py " + " ".join(argv),
+        "engine": cfg.rollout.engine, "model": cfg.model.name, "experiment": cfg.experiment,
+        "trajectories": len(trajs), "questions": n_q, "group_size": group,
+        "engine_start_s": round(start_s, 2), "host": platform.node(), "cpus": os.cpu_count(),
+        "raw_before": raw_before, "raw_after": raw_after, "raw_generated_tokens_per_s": raw_tps,
+        "rollout": {"seconds": total, "generation_s": m["rollout/generation_s"],
+                    "retrieval_s": m["rollout/retrieval_s"], "generated_tokens": generated,
+                    "trajectory_tokens": response, "searches_per_traj": m["rollout/searches"],
+                    "turns_per_traj": m["rollout/turns"], "answer_rate": m["rollout/answer_rate"],
+                    "stop": {k.split("/")[-1]: v for k, v in m.items() if k.startswith("rollout/stop/")}},
+        "rollout_trajectory_tokens_per_s": response / total,
+        "rollout_generated_tokens_per_s": generated / total,
+        "ratio_trajectory_tokens": response / total / raw_tps,
+        "ratio_generated_tokens": generated / total / raw_tps,
+        "engine_share_of_rollout_time": m["rollout/generation_s"] / total,
+        "loop_and_retrieval_share": 1 - m["rollout/generation_s"] / total,
+        "goal": "ratio_trajectory_tokens >= 0.8",
+    }
+    out = ROOT / "results" / "bench" / "rollout.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if "ratio" in k or "share" in k or "per_s" in k}, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,319 @@
+"""The trainer role: a policy in fp32 master weights, AdamW, DDP over the trainer replicas, checkpoints.
+
+Every trainer rank receives the same full list of the step's trajectories. Advantages and the loss
+denominators come from that full list, so each replica only has to train on its shard: with DDP averaging
+the gradients, the update equals that of one replica on the whole batch (to float tolerance), whatever the
+sharding and the micro-batching. The trainer publishes bf16 copies of its weights and knows nothing about
+how they travel.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from searchr1 import grpo
+from searchr1.config import AlgoConfig, ModelConfig
+from searchr1.models import load_model
+from searchr1.trajectory import Trajectory
+
+_STATE_FILE = "trainer.pt"
+_MODEL_DIR = "model"  # an HF directory (fp32 safetensors, config, tokenizer): evaluable as model.path
+
+
+def shard_indices(lengths: list[int], world: int, rank: int) -> list[int]:
+    """This rank's rows: longest first, dealt in a snake order (0,1,..,w-1,w-1,..,0) so that every replica
+    gets a similar number of tokens. Deterministic, so every rank computes every rank's shard."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [i for k, i in enumerate(order) if (k % world if (k // world) % 2 == 0 else world - 1 - k % world) == rank]
+
+
+def pack_micro_batches(lengths: list[int], budget_tokens: int) -> list[list[int]]:
+    """Rows grouped so that rows x longest row (the padded size) stays within the budget; longest first, so
+    neighbours have similar lengths. A row longer than the budget on its own still gets its own micro-batch."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Right-padded inputs plus per-position targets, mask and behaviour log-probs.
+
+    Position t of the `_bt` tensors holds the prediction of token start+1+t, where start is the last prompt
+    token of the shortest prompt: logits before it are never needed, so the model computes none
+    (`logits_to_keep`).
+    """
+    lens = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    L, start = max(lens), min(len(t.prompt_ids) for t in trajs) - 1
+    ids_bt = torch.full((len(trajs), L), pad_id, dtype=torch.long)
+    attn_bt = torch.zeros((len(trajs), L), dtype=torch.long)
+    mask_bt = torch.zeros((len(trajs), L - 1 - start))
+    old_bt = torch.zeros((len(trajs), L - 1 - start))
+    for i, t in enumerate(trajs):
+        ids_bt[i, :lens[i]] = torch.tensor(t.prompt_ids + t.response_ids)
+        attn_bt[i, :lens[i]] = 1
+        off = len(t.prompt_ids) - 1 - start
+        mask_bt[i, off:off + len(t.response_ids)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        old_bt[i, off:off + len(t.response_ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
+    return {"ids_bt": ids_bt.to(device), "attn_bt": attn_bt.to(device), "target_bt": ids_bt[:, start + 1:].to(device),
+            "mask_bt": mask_bt.to(device), "old_bt": old_bt.to(device), "adv_b": adv_b.to(device),
+            "keep": torch.tensor(L - start)}
+
+
+class Trainer:
+    def __init__(self, model_cfg: ModelConfig, algo: AlgoConfig, device, group: dist.ProcessGroup | None = None,
+                 seed: int = 0, temperature: float = 1.0):
+        """`temperature`: the rollout's sampling temperature, so that recomputed log-probs match the
+        behaviour log-probs (rollout.temperature; 1.0 in Search-R1)."""
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature}: training needs sampled (temperature > 0) log-probs")
+        self.algo, self.temperature, self.device = algo, temperature, torch.device(device)
+        self.group = group
+        self.world = dist.get_world_size(group) if group is not None else 1
+        self.rank = dist.get_rank(group) if group is not None else 0
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        model, self.tokenizer = load_model(model_cfg, dtype=torch.float32)
+        self.module = model.to(self.device).train()
+        self.module.config.use_cache = False
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.vocab = self.module.get_input_embeddings().num_embeddings
+        self.compute_dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else None
+        self.ref = None
+        if algo.kl_coef > 0:
+            ref, _ = load_model(model_cfg, dtype=self.compute_dtype or torch.float32)
+            self.ref = ref.to(self.device).eval().requires_grad_(False)
+        self.ddp = None
+        if self.world > 1:
+            idx = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.module, process_group=group, device_ids=idx,
+                                               broadcast_buffers=False)
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=algo.lr, betas=tuple(algo.betas),
+                                           weight_decay=algo.weight_decay)
+        warmup = algo.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+        self.step_count = 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The unwrapped policy (fp32 master weights)."""
+        return self.module
+
+    def _autocast(self):
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def _check(self, trajs: list[Trajectory]) -> None:
+        if not trajs:
+            raise ValueError("Trainer.step got no trajectories")
+        for t in trajs:
+            if not t.prompt_ids:
+                raise ValueError(f"trajectory {t.qid}: empty prompt_ids (the first response token needs a context)")
+            bad = [x for x in t.prompt_ids + t.response_ids if not 0 <= x < self.vocab]
+            if bad:
+                raise ValueError(f"trajectory {t.qid}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab})")
+
+    def _logits(self, net, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        with self._autocast():
+            out = net(input_ids=mb["ids_bt"], attention_mask=mb["attn_bt"], logits_to_keep=int(mb["keep"]),
+                      use_cache=False)
+        return out.logits[:, :-1]
+
+    def _micro_step(self, mb: dict[str, torch.Tensor], denom: float) -> torch.Tensor:
+        """Forward + backward of one micro-batch; returns its summed stats (see `step`)."""
+        a = self.algo
+        net = self.ddp or self.module
+        logits_btv = self._logits(net, mb)
+        logp_bt = grpo.token_logprobs(logits_btv, mb["target_bt"], self.temperature)
+        mask_bt = mb["mask_bt"]
+        pg, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
+        loss, kl_sum = pg, torch.zeros((), device=self.device)
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logp_bt = grpo.token_logprobs(self._logits(self.ref, mb), mb["target_bt"], self.temperature)
+            kl_bt = grpo.kl_penalty(logp_bt, ref_logp_bt, mask_bt, a.kl_estimator)
+            loss = loss + a.kl_coef * grpo.masked_aggregate(kl_bt, mask_bt, a.loss_agg, denom)
+            kl_sum = kl_bt.detach().sum()
+        if a.entropy_coef > 0:
+            ent_bt = grpo.token_entropy(logits_btv, self.temperature)
+            loss = loss - a.entropy_coef * grpo.masked_aggregate(ent_bt, mask_bt, a.loss_agg, denom)
+        else:
+            with torch.no_grad():
+                ent_bt = grpo.token_entropy(logits_btv.detach(), self.temperature)
+        # DDP averages gradients over the replicas; each replica's loss already carries the global denominator.
+        (loss * self.world).backward()
+        n = st["tokens"].float()
+        return torch.stack([loss.detach().float(), st["clip_frac"] * n, st["approx_kl"] * n,
+                            (ent_bt * mask_bt).sum().detach(), kl_sum, n, torch.tensor(float(len(mb["adv_b"])),
+                                                                                        device=self.device)])
+
+    def step(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """One optimizer step on the step's full list of trajectories (identical on every trainer rank)."""
+        self._check(trajs)
+        a = self.algo
+        reward_b = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+        adv_b, n_zero = grpo.group_advantages(reward_b, torch.tensor([t.group for t in trajs]), a.normalize_std,
+                                              a.adv_eps)
+        mask_rows = [torch.tensor(t.loss_mask, dtype=torch.float32).reshape(1, -1) for t in trajs]
+        denom = sum(grpo.loss_denominator(m, a.loss_agg) for m in mask_rows)
+        # A zero-advantage row adds exactly zero gradient to the clipped loss: skip it unless a KL or entropy
+        # term needs it (the denominator above still counts it, so the update is unchanged).
+        needs_all = self.ref is not None or a.entropy_coef > 0
+        train = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and (needs_all or adv_b[i] != 0)]
+        lengths = [len(trajs[i].prompt_ids) + len(trajs[i].response_ids) for i in train]
+        mine = [train[k] for k in shard_indices(lengths, self.world, self.rank)]
+        batches = pack_micro_batches([len(trajs[i].prompt_ids) + len(trajs[i].response_ids) for i in mine],
+                                     a.micro_batch_tokens)
+        sums = torch.zeros(7, device=self.device)
+        for j, rows in enumerate(batches):
+            idx = [mine[r] for r in rows]
+            mb = collate([trajs[i] for i in idx], adv_b[idx], self.pad_id, self.device)
+            last = j == len(batches) - 1
+            with self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext():
+                sums += self._micro_step(mb, denom)
+        if not batches and train and self.ddp is not None:
+            self._idle_backward()  # the other replicas' gradient all-reduce needs this rank too
+        for p in self.module.parameters():
+            if p.grad is None and p.requires_grad:  # nothing trainable: a zero gradient, as the full batch gives
+                p.grad = torch.zeros_like(p)
+        if self.group is not None and self.world > 1:
+            dist.all_reduce(sums, group=self.group)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), a.grad_clip))
+        if not np.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient norm {grad_norm} at step {self.step_count + 1}; "
+                                     f"rewards {reward_b.tolist()[:8]}...")
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        loss, clip_sum, akl_sum, ent_sum, kl_sum, n_tok, n_seq = sums.tolist()
+        groups = torch.unique(torch.tensor([t.group for t in trajs])).numel()
+        out = {"step": float(self.step_count), "loss": loss, "clip_frac": clip_sum / max(n_tok, 1),
+               "approx_kl": akl_sum / max(n_tok, 1), "entropy": ent_sum / max(n_tok, 1), "grad_norm": grad_norm,
+               "adv_mean": float(adv_b.mean()), "adv_std": float(adv_b.std()) if len(trajs) > 1 else 0.0,
+               "adv_abs_max": float(adv_b.abs().max()), "zero_adv_groups": float(n_zero), "groups": float(groups),
+               "reward_mean": float(reward_b.mean()), "tokens_trained": n_tok, "seqs_trained": n_seq,
+               "tokens_generated": float(sum(t.generated_tokens for t in trajs)), "lr": lr}
+        if self.ref is not None:
+            out["kl_ref"] = kl_sum / max(n_tok, 1)
+        return out
+
+    def _idle_backward(self) -> None:
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+        with self._autocast():
+            logits = self.ddp(input_ids=ids, use_cache=False).logits
+        (logits.float().sum() * 0.0).backward()
+
+    def bf16_weights(self) -> dict[str, torch.Tensor]:
+        """{HF name: contiguous bf16 copy} of the fp32 master, on the trainer's device. Tied tensors appear once,
+        under their first name (model.embed_tokens.weight, not lm_head.weight), as in HF safetensors."""
+        out, seen = {}, set()
+        for name, t in self.module.state_dict().items():
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            if key in seen:
+                continue
+            seen.add(key)
+            out[name] = t.detach().to(torch.bfloat16).contiguous()
+        return out
+
+    def state_dict(self) -> dict:
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step_count, "rng": rng}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.module.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.scheduler.load_state_dict(sd["scheduler"])
+        self.step_count = int(sd["step"])
+        rng = sd["rng"]
+        torch.set_rng_state(rng["torch"].cpu())
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if self.device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
+
+    def save_checkpoint(self, path: Path, extra: dict | None = None) -> None:
+        """Write `path/` atomically (a temp directory renamed into place): `model/` is an HF directory of the
+        fp32 weights, `trainer.pt` holds optimizer, scheduler, step, RNG and `extra` (data position, published
+        weights version, ...). Only trainer rank 0 writes; every replica waits until it is complete."""
+        path = Path(path)
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                self.module.save_pretrained(tmp / _MODEL_DIR)
+                self.tokenizer.save_pretrained(tmp / _MODEL_DIR)
+                sd = self.state_dict()
+                del sd["model"]
+                sd["extra"] = dict(extra or {})
+                torch.save(sd, tmp / _STATE_FILE)
+                old = path.with_name(f".{path.name}.old-{os.getpid()}")
+                if path.exists():
+                    os.rename(path, old)
+                os.rename(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._barrier()
+
+    def load_checkpoint(self, path: Path) -> dict:
+        """Restore everything `save_checkpoint` wrote (on every replica); returns its `extra`."""
+        path = Path(path)
+        state_file, model_dir = path / _STATE_FILE, path / _MODEL_DIR
+        if not state_file.is_file() or not model_dir.is_dir():
+            raise FileNotFoundError(f"{path}: not a trainer checkpoint (needs {_STATE_FILE} and {_MODEL_DIR}/)")
+        # weights_only=False: the file holds numpy and python RNG states, and it is one this class wrote.
+        sd = torch.load(state_file, map_location=self.device, weights_only=False)
+        sd["model"] = _read_safetensors(model_dir, self.module, self.device)
+        self.load_state_dict(sd)
+        return sd.get("extra", {})
+
+    def _barrier(self) -> None:
+        if self.group is not None and self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            dist.barrier(group=self.group, device_ids=ids)
+
+
+def _read_safetensors(model_dir: Path, module: torch.nn.Module, device) -> dict[str, torch.Tensor]:
+    """The state dict of an HF directory, with tied names filled in from the tensor they alias."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(f, device=str(device)))
+    own = module.state_dict()
+    by_storage = {(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): n
+                  for n, t in reversed(list(own.items()))}
+    for name, t in own.items():
+        if name not in sd:
+            alias = by_storage[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))]
+            if alias not in sd:
+                raise KeyError(f"{model_dir}: weight {name!r} is missing")
+            sd[name] = sd[alias]
+    unexpected = sorted(set(sd) - set(own))
+    if unexpected:
+        raise KeyError(f"{model_dir}: weights {unexpected[:5]} do not belong to this model")
+    return sd

@@ -26,8 +26,9 @@ def _trainer_weights(step: int) -> dict[str, torch.Tensor]:
     return {k: p.bfloat16().contiguous() for k, p in master.items()}
 
 
-def _worker(rank: int, world: int, port: int, plan: list[tuple[str, int]], q):
-    """Each (method, steps) of `plan` with fresh endpoints: the first publication of each is a full export."""
+def _worker(rank: int, world: int, port: int, plan: list[tuple[str, str, int]], q):
+    """Each (method, codec impl, steps) of `plan` with fresh endpoints: the first publication of each is a full
+    export. impl="torch" is the code path CUDA tensors take."""
     from searchr1.weightsync.transport import Publisher, Subscriber
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -36,20 +37,20 @@ def _worker(rank: int, world: int, port: int, plan: list[tuple[str, int]], q):
     group = dist.new_group(list(range(world)))
     out = {}
     try:
-        for method, steps in plan:
+        for method, impl, steps in plan:
             cfg = SyncConfig(method=method, bucket_mb=1, verify=True)
-            out[method] = runs = []
+            out[f"{method}_{impl}"] = runs = []
             if rank == 0:
-                pub = Publisher(group, cfg, "cpu")
+                pub = Publisher(group, cfg, "cpu", impl=impl)
                 for step in range(steps):
                     runs.append(pub.publish(_trainer_weights(step), version=step))
                 continue
-            sub = Subscriber(group, cfg, "cpu")
+            sub = Subscriber(group, cfg, "cpu", impl=impl)
             views = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in SHAPES.items()}
             for step in range(steps):
-                if method == "delta" and rank == 1 and step == 3:
+                if impl == "auto" and rank == 1 and step == 3:
                     views["embed.weight"][7, 9] = float("nan")  # corrupt a receiver: repaired within step 3
-                if method == "delta" and rank == 2 and step == 5:
+                if impl == "auto" and rank == 2 and step == 5:
                     sub.synced = False  # as if this rank restarted: the publication becomes a full export
                 m = sub.receive(views)
                 want = _trainer_weights(step)
@@ -63,17 +64,17 @@ def _worker(rank: int, world: int, port: int, plan: list[tuple[str, int]], q):
 
 @pytest.fixture(scope="module")
 def gloo_runs() -> dict[int, dict[str, list[dict]]]:
-    """One spawn of 1 publisher + 2 subscribers: 7 delta publications, then 2 with sync=full."""
+    """One spawn of 1 publisher + 2 subscribers: 7 delta publications, 2 with sync=full, 3 delta on the torch path."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     q = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_worker, args=(3, port, [("delta", 7), ("full", 2)], q), nprocs=3, join=True)
+    mp.spawn(_worker, args=(3, port, [("delta", "auto", 7), ("full", "auto", 2), ("delta", "torch", 3)], q), nprocs=3, join=True)
     return dict(q.get() for _ in range(3))
 
 
 def test_delta_publication_two_receivers_repair_and_resync(gloo_runs):
-    res = {r: out["delta"] for r, out in gloo_runs.items()}
+    res = {r: out["delta_auto"] for r, out in gloo_runs.items()}
     pub = res[0]
     assert [m["sync/full"] for m in pub] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     assert all(m["sync/verified"] == 1.0 for m in pub)
@@ -90,13 +91,19 @@ def test_delta_publication_two_receivers_repair_and_resync(gloo_runs):
 
 
 def test_full_method_sends_everything_each_time(gloo_runs):
-    res = {r: out["full"] for r, out in gloo_runs.items()}
+    res = {r: out["full_auto"] for r, out in gloo_runs.items()}
     total = sum(math.prod(s) for s in SHAPES.values())
     for m in res[0]:
         assert m["sync/tensors_full"] == len(SHAPES) and m["sync/changed"] == total
         assert m["sync/bytes"] >= 2 * total
     assert res[0][1]["sync/full"] == 1.0
 
+
+
+def test_torch_codec_path_over_gloo(gloo_runs):
+    pub = gloo_runs[0]["delta_torch"]
+    assert [m["sync/full"] for m in pub] == [1.0, 0.0, 0.0]
+    assert all(m["sync/mismatched"] == 0 and 0 < m["sync/changed_frac"] < 1 for m in pub[1:])
 
 def _engine_worker(rank: int, world: int, port: int, steps: int, q):
     from searchr1.config import ModelConfig

@@ -86,6 +86,10 @@ def test_window_bytes_equal_across_impls_and_gaps_escape(impl):
 def test_digest_impls_agree_and_detect_swaps(impl):
     x = torch.randint(-32768, 32768, (12_345,), dtype=torch.int32).to(torch.int16)
     assert codec.digest(x, 99, impl) == codec.digest(x, 99, "torch")
+    big = 2**40 + 12_345  # wraps mod 2^64: both paths must wrap the same way
+    assert codec.digest(x, big, impl) == codec.digest(x, big, "torch")
+    assert codec.add_digest(codec.digest(x[:777], big, impl), codec.digest(x[777:], big + 777, impl)) == \
+        codec.digest(x, big, "torch")
     assert codec.add_digest(codec.digest(x[:5000], 0, impl), codec.digest(x[5000:], 5000, impl)) == codec.digest(x)
     y = x.clone()
     y[[3, 7]] = y[[7, 3]]

@@ -182,3 +182,12 @@ def test_agent_loop_on_vllm(vllm_engine):
     for t, g in zip(trajs, calls[0]):
         assert t.response_ids[:len(g.token_ids)] == g.token_ids and t.logprobs[:len(g.logprobs)] == g.logprobs
         assert t.policy_version == 3 and sum(t.loss_mask) <= cfg.max_new_tokens * (cfg.max_searches + 1)
+
+
+@pytest.mark.gpu
+def test_hf_engine_on_cuda_matches_teacher_forcing(hf_ref):
+    engine = make_engine(TINY, RolloutConfig(engine="hf"), "cuda")
+    gens = engine.generate(PROMPTS, Sampling(temperature=1.0, max_new_tokens=6, seed=3))
+    for p, g in zip(PROMPTS, gens):
+        assert g.logprobs == pytest.approx(_teacher_forced(hf_ref, p, g.token_ids), abs=5e-2)
+    assert all(v.is_cuda for v in engine.weight_views().values())

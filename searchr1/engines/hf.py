@@ -91,7 +91,7 @@ class HFEngine:
         texts = [""] * n
         reasons: list[str | None] = [None] * n
         longest_stop = max((len(s) for s in sampling.stop), default=0)
-        for step in range(sampling.max_new_tokens):
+        for _ in range(sampling.max_new_tokens):
             logits_bv = out.logits[:, -1].float()
             tok_b = _sample_b(logits_bv, sampling, generators)
             lp_b = torch.log_softmax(logits_bv, dim=-1).gather(-1, tok_b[:, None]).squeeze(-1)

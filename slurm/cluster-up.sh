@@ -70,6 +70,8 @@ MinJobAge=86400
 InactiveLimit=0
 NodeName=node[0-$LAST] NodeHostname=localhost NodeAddr=127.0.0.1 Port=17000-$((17000 + LAST)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# a 1-minute partition: a longer job is accepted and then pends forever (PartitionTimeLimit); tests use it
+PartitionName=short Nodes=ALL MaxTime=1 State=UP
 CONF
 }
 
@@ -81,16 +83,17 @@ NodeName=node[0-$LAST] Name=gpu File=$S/fakegpu/gpu[0-$((GPUS_PER_NODE - 1))]
 CONF
 }
 
+# every node answers (sinfo lists a node once per partition)
 all_nodes_up() {
-  [ "$(timeout 5 sinfo -h -N -o '%N %T' 2>/dev/null | grep -Evc 'down|drain|fail|unknown|not_responding|\*')" \
-    = "$NNODES" ]
+  [ "$(timeout 5 sinfo -h -N -o '%N %T' 2>/dev/null | grep -Ev 'down|drain|fail|unknown|not_responding|\*' \
+       | cut -d' ' -f1 | sort -u | wc -l)" = "$NNODES" ]
 }
 
 # Fast path: the same configuration is running and every node answers.
 if command -v scontrol >/dev/null && [ -f /etc/slurm/slurm.conf ] \
    && [ "$(slurm_conf)" = "$(cat /etc/slurm/slurm.conf)" ] && [ "$(gres_conf)" = "$(cat /etc/slurm/gres.conf)" ] \
    && timeout 5 scontrol ping 2>/dev/null | grep -q UP && all_nodes_up; then
-  sinfo -N -o "%N %T %c %m %G"
+  sinfo -N -o "%N %P %T %c %m %G"
   exit 0
 fi
 # Something else runs (another configuration, or half a cluster): stop it, keep its state.
@@ -152,4 +155,4 @@ fi
 slurmctld -i
 for i in $(seq 0 $LAST); do mkdir -p "$S/d-node$i"; slurmd -N "node$i"; done
 wait_for 30 all_nodes_up
-sinfo -N -o "%N %T %c %m %G"
+sinfo -N -o "%N %P %T %c %m %G"

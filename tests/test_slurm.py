@@ -314,14 +314,18 @@ def _nudge(job_id: str) -> bool:
     ({"partition": "nosuch"}, "Invalid partition"),
     ({"gpus_per_task": 9}, "Requested node configuration is not available"),
     ({"trainer_nodes": 3, "rollout_nodes": 2}, "never share a node"),
+    # sbatch accepts this one (the local cluster's `short` partition allows 1 minute); it would pend forever
+    ({"partition": "short"}, "PartitionTimeLimit|PartitionConfig"),
 ])
 def test_unsatisfiable_requests_fail_at_submission(tmp_path, fields, reason):
     cfg = make_cfg(tmp_path, **fields)
     run_dir = rundir.create(cfg)
     with pytest.raises(slurm.SubmissionError, match=reason):
         slurm.launch(cfg, run_dir, entry=print)
-    if (run_dir / "slurm_job.json").exists():
-        assert json.loads((run_dir / "slurm_job.json").read_text())["state"] == "REJECTED"
+    info = json.loads((run_dir / "slurm_job.json").read_text())
+    assert info["state"] == "REJECTED" and re.search(reason, info["reason"])
+    if "job_id" in info:  # accepted, then cancelled: nothing is left waiting
+        assert {r[1] for r in _squeue(info["job_id"])} == {"CANCELLED"}
 
 
 # ------------------------------------------------------------------------- launch.py with the real loop

@@ -377,7 +377,11 @@ def submit(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) ->
     Raises SubmissionError with Slurm's reason when the request cannot be satisfied."""
     run_dir = Path(run_dir).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    check_fits(cfg)
+    try:
+        check_fits(cfg)
+    except SubmissionError as err:
+        record(run_dir, state="REJECTED", reason=str(err), ended_at=_now())
+        raise
     executor = HetSlurmExecutor(cfg, run_dir)
     (run_dir / SCRIPT_FILE).write_text(executor.script)
     try:

@@ -329,9 +329,9 @@ def test_unsatisfiable_requests_fail_at_submission(tmp_path, fields, reason):
 
 
 # ------------------------------------------------------------------------- launch.py with the real loop
-def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, timeout_s: int = 240):
-    cmd = [sys.executable, str(REPO / "launch.py"), *(["-m"] if multirun else []), "+experiment=smoke", "cluster=slurm",
-           "cluster.gpus=4", "cluster.rollout_ranks=2", "cluster.slurm.rollout_nodes=1",
+def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, experiment: str = "smoke"):
+    cmd = [sys.executable, str(REPO / "launch.py"), *(["-m"] if multirun else []), f"+experiment={experiment}",
+           "cluster=slurm", "cluster.gpus=4", "cluster.rollout_ranks=2", "cluster.slurm.rollout_nodes=1",
            "cluster.slurm.cpus_per_task=1", "cluster.slurm.mem_per_task_gb=1", "cluster.slurm.time_min=10",
            "cluster.slurm.poll_s=1", "cluster.timeout_s=120", f"run_root={tmp_path}", *overrides]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
@@ -391,7 +391,8 @@ def test_launch_smoke_het_job_survives_a_requeue(tmp_path):
 @pytest.mark.slurm
 @needs_slurm
 def test_multirun_submits_one_job_per_sweep_point(tmp_path):
-    proc = _launch(tmp_path, "algo.lr=1e-6,2e-6", "cluster.slurm.check_s=0", multirun=True)
+    proc = _launch(tmp_path, "algo.lr=1e-6,2e-6", "cluster.slurm.check_s=0", multirun=True,
+                   experiment="search_r1_cpu")
     out = proc.communicate(timeout=120)[0]
     jobs = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/slurm_job.json")}
     for info in jobs.values():

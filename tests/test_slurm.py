@@ -317,11 +317,13 @@ def _nudge(job_id: str) -> bool:
     # sbatch accepts this one (the local cluster's `short` partition allows 1 minute); it would pend forever
     ({"partition": "short"}, "PartitionTimeLimit|PartitionConfig"),
 ])
-def test_unsatisfiable_requests_fail_at_submission(tmp_path, fields, reason):
+def test_unsatisfiable_requests_fail_at_submission(tmp_path, capsys, fields, reason):
     cfg = make_cfg(tmp_path, **fields)
     run_dir = rundir.create(cfg)
     with pytest.raises(slurm.SubmissionError, match=reason):
-        slurm.launch(cfg, run_dir, entry=print)
+        slurm.submit(cfg, run_dir, entry=print)
+    assert slurm.launch(cfg, run_dir, entry=print) == 2  # launch.py's path: Slurm's reason on stderr
+    assert re.search(reason, capsys.readouterr().err)
     info = json.loads((run_dir / "slurm_job.json").read_text())
     assert info["state"] == "REJECTED" and re.search(reason, info["reason"])
     if "job_id" in info:  # accepted, then cancelled: nothing is left waiting

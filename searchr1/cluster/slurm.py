@@ -20,8 +20,10 @@ into `status.json`), `logs/rank{R}.log`, `logs/batch.log` (the batch script's ow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
+import io
 import json
 import os
 import re
@@ -385,7 +387,9 @@ def submit(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) ->
     executor = HetSlurmExecutor(cfg, run_dir)
     (run_dir / SCRIPT_FILE).write_text(executor.script)
     try:
-        job = executor.submit(RankTask(entry, cfg, run_dir))
+        # submitit also prints sbatch's refusal to stderr; the error below carries it once
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = executor.submit(RankTask(entry, cfg, run_dir))
     except FailedJobError as err:
         reason = str(err).strip()
         record(run_dir, state="REJECTED", reason=reason, ended_at=_now())
@@ -428,7 +432,8 @@ def wait(run_dir: Path, poll_s: int = 5) -> int:
 
 def launch(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) -> int:
     """The Slurm backend of launch.py. cluster.slurm.submit=false writes run_dir/submit.sbatch and stops;
-    wait=true blocks until the job ends (0: completed); otherwise prints the job id and returns 0."""
+    wait=true blocks until the job ends (0: completed); otherwise prints the job id and returns 0.
+    A request the cluster cannot satisfy returns 2 after printing Slurm's reason."""
     run_dir = Path(run_dir).resolve()
     s = cfg.cluster.slurm
     if not s.submit:
@@ -437,7 +442,11 @@ def launch(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) ->
         (run_dir / SCRIPT_FILE).write_text(script)
         print(f"[slurm] dry run (cluster.slurm.submit=false): wrote {run_dir / SCRIPT_FILE}", flush=True)
         return 0
-    job = submit(cfg, run_dir, entry)
+    try:
+        job = submit(cfg, run_dir, entry)
+    except SubmissionError as err:
+        print(f"[slurm] not submitted: {err}", file=sys.stderr, flush=True)
+        return 2
     n0, n1 = cfg.cluster.trainer_ranks, cfg.cluster.rollout_ranks
     print(f"[slurm] submitted het job {job.job_id} ({n0} trainer + {n1} rollout tasks); logs in "
           f"{run_dir / 'logs'}", flush=True)

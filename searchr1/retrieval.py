@@ -326,10 +326,15 @@ def load_index(path: str, passages: list[dict], cfg: RetrieverConfig, corpus_sha
     for key, value in want.items():
         if manifest.get(key) != value:
             raise IndexCorrupt(f"{path}: built with {key}={manifest.get(key)!r}, need {value!r}")
-    for name, meta in manifest.get("files", {}).items():
+    files = manifest.get("files")
+    present = set(os.listdir(path)) - {_MANIFEST}
+    if not isinstance(files, dict) or set(files) != present:
+        raise IndexCorrupt(f"{path}: files {sorted(present)} differ from the manifest's list")
+    for name, meta in files.items():
         fp = os.path.join(path, name)
-        if not os.path.isfile(fp) or os.path.getsize(fp) != meta["size"] or _sha256_file(fp) != meta["sha256"]:
-            raise IndexCorrupt(f"{fp}: missing or damaged (size/sha256 differ from the manifest)")
+        if not isinstance(meta, dict) or os.path.getsize(fp) != meta.get("size") or _sha256_file(fp) != meta.get(
+                "sha256"):
+            raise IndexCorrupt(f"{fp}: damaged (size/sha256 differ from the manifest)")
     return _BACKENDS[cfg.backend].load(path, passages, cfg, manifest)
 
 

@@ -117,6 +117,9 @@ def test_corrupt_cache_is_rebuilt_never_served(tmp_path, real, caplog):
     with caplog.at_level(logging.WARNING, logger="searchr1.retrieval"):
         assert R.load_or_build(passages, cfg, str(tmp_path)).search(queries) == good
     assert "rebuilding" in caplog.text
+    (folder / "idf.npy").unlink()
+    with pytest.raises(R.IndexCorrupt, match="differ from the manifest's list"):
+        R.load_index(str(folder), passages, cfg)
     (folder / "manifest.json").write_text("{not json")
     with pytest.raises(R.IndexCorrupt, match="unreadable"):
         R.load_index(str(folder), passages, cfg)

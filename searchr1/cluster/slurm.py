@@ -357,18 +357,16 @@ def check_fits(cfg: Config) -> None:
             f"nodes needed, {where} has {len(nodes)}; het components never share a node")
 
 
-def _reject_if_hopeless(job_id: str, run_dir: Path, check_s: int) -> None:
+def _reject_if_hopeless(job_id: str, check_s: int) -> None:
     deadline = time.monotonic() + check_s
     while True:
         out = _run(["squeue", "--noheader", "--format=%i|%T|%r", "-j", job_id]).stdout
         rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") >= 2]
         reasons = {reason for _, state, reason in rows if state == "PENDING"}
-        hopeless = sorted(r for r in reasons if r in HOPELESS_REASONS or "PerJob" in r)
+        hopeless = ", ".join(sorted(r for r in reasons if r in HOPELESS_REASONS or "PerJob" in r))
         if hopeless:
             _run(["scancel", job_id])
-            reason = ", ".join(hopeless)
-            record(run_dir, state="REJECTED", reason=reason, ended_at=_now())
-            raise SubmissionError(f"job {job_id} can never start (Slurm's pending reason: {reason}); cancelled it")
+            raise SubmissionError(f"job {job_id} can never start (Slurm's pending reason: {hopeless}); cancelled it")
         if not reasons or time.monotonic() >= deadline:
             return
         time.sleep(1)
@@ -381,22 +379,20 @@ def submit(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) ->
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     try:
         check_fits(cfg)
+        executor = HetSlurmExecutor(cfg, run_dir)
+        (run_dir / SCRIPT_FILE).write_text(executor.script)
+        try:
+            # submitit also prints sbatch's refusal to stderr; the error below carries it once
+            with contextlib.redirect_stderr(io.StringIO()):
+                job = executor.submit(RankTask(entry, cfg, run_dir))
+        except FailedJobError as err:
+            raise SubmissionError(f"sbatch rejected the job for {run_dir}:\n{str(err).strip()}") from None
+        record(run_dir, job_id=job.job_id, state="PENDING", submitted_at=_now(), script=SCRIPT_FILE,
+               components=[vars(c) for c in components(cfg.cluster)])
+        _reject_if_hopeless(job.job_id, cfg.cluster.slurm.check_s)
     except SubmissionError as err:
         record(run_dir, state="REJECTED", reason=str(err), ended_at=_now())
         raise
-    executor = HetSlurmExecutor(cfg, run_dir)
-    (run_dir / SCRIPT_FILE).write_text(executor.script)
-    try:
-        # submitit also prints sbatch's refusal to stderr; the error below carries it once
-        with contextlib.redirect_stderr(io.StringIO()):
-            job = executor.submit(RankTask(entry, cfg, run_dir))
-    except FailedJobError as err:
-        reason = str(err).strip()
-        record(run_dir, state="REJECTED", reason=reason, ended_at=_now())
-        raise SubmissionError(f"sbatch rejected the job for {run_dir}:\n{reason}") from None
-    record(run_dir, job_id=job.job_id, state="PENDING", submitted_at=_now(), script=SCRIPT_FILE,
-           components=[vars(c) for c in components(cfg.cluster)])
-    _reject_if_hopeless(job.job_id, run_dir, cfg.cluster.slurm.check_s)
     return job
 
 

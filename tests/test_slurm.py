@@ -137,6 +137,19 @@ def test_site_example_extends_the_slurm_option(tmp_path):
     assert cfg.cluster.slurm.port_range == [20000, 32000]  # the rest comes from conf/cluster/slurm.yaml
 
 
+def test_production_experiment_is_2_plus_14_on_three_nodes(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    import launch
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = launch.validate(compose("config", overrides=["+experiment=search_r1", f"run_root={tmp_path}"]))
+    text = slurm.render_script(cfg, tmp_path / "run", "python -m submitit.core._submit x")
+    group0, group1 = text.split("#SBATCH hetjob")
+    assert "--ntasks=2\n" in group0 and "--nodes=1\n" in group0 and "--gpus-per-task=1\n" in group0
+    assert "--ntasks=14\n" in group1 and "--nodes=2\n" in group1 and "--gpus-per-task=1\n" in group1
+
+
 def test_dry_run_without_gpus_requests_none(tmp_path):
     cfg = make_cfg(tmp_path, submit=False)
     cfg.cluster.gpus = 0

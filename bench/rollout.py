@@ -4,8 +4,8 @@ engine's raw generation on the same prompts, in one process, on one warm engine.
     python bench/rollout.py                                   # search_r1_cpu settings, vLLM engine
     python bench/rollout.py rollout=hf bench.questions=4      # any Hydra override of conf/
 
-The raw pass is one `generate` call over the same chat-templated prompts (same sampling, no stop strings, the
-per-turn token cap times the turn budget), i.e. what the engine does with no protocol at all. It runs before
+The raw pass is one `generate` call over the same chat-templated prompts (same sampling and per-turn token cap,
+no stop strings), i.e. what the engine does with no protocol at all. It runs before
 and after the rollout and the two are averaged, since the machine is shared and its speed drifts.
 Ratios: rollout trajectory tokens/s (generated + inserted) and generated tokens/s, each over raw generated
 tokens/s; and the share of the rollout's wall time spent inside the engine. Writes results/bench/rollout.json.
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> dict:
     prompts = [build_prompt(tok, q.question, cfg.rollout.search) for q in questions for _ in range(group)]
     sampling = sampling_for(cfg.rollout, seed=SEED)
     raw_sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=SEED,
-                            max_new_tokens=cfg.rollout.max_new_tokens * (cfg.rollout.max_searches + 1))
+                            max_new_tokens=cfg.rollout.max_new_tokens)
     engine.generate(prompts[:2], Sampling(max_new_tokens=4))  # warm-up
 
     def raw_pass() -> dict:

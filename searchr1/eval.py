@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +16,7 @@ import torch
 
 from searchr1.agent import run_episodes, sampling_for
 from searchr1.config import Config, ModelConfig, RolloutConfig
+from searchr1.reward import normalize_answer
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -54,10 +56,18 @@ def summarize(predictions: list[dict], timing: dict | None = None) -> dict:
         "searched": f"{sum(p['searches'] > 0 for p in predictions)}/{n}",
         "stop_reasons": _counts(p["stop_reason"] for p in predictions),
         "malformed": _counts(rule for p in predictions for rule in p["malformed"]),
+        # A diagnostic, not a score: the gold appears somewhere in the response (tags or not), i.e. how much a
+        # model knows that the protocol's strict <answer> rule does not credit.
+        "gold_in_response": f"{sum(_gold_in(p) for p in predictions)}/{n}",
     }
     if timing:
         summary["seconds"] = {k.split("/")[-1]: round(v, 2) for k, v in timing.items()}
     return summary
+
+
+def _gold_in(p: dict) -> bool:
+    text = f" {normalize_answer(re.sub(r'<[^<>]*>', ' ', p['response']))} "
+    return any(f" {g} " in text for g in map(normalize_answer, p["answers"]) if g)
 
 
 def _counts(items) -> dict[str, int]:

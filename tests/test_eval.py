@@ -52,6 +52,7 @@ def test_evaluate_greedy_batches_lines_and_summary(tok, tmp_path):
     assert set(preds[0]) >= {"id", "question", "answers", "response", "prediction", "em", "f1", "searches"}
     assert summary["em"] == "3/5" and summary["em_pct"] == 60.0 and summary["answered"] == "4/5"
     assert summary["malformed"] == {"no_tags": 1}
+    assert summary["gold_in_response"] == "4/5"  # "yes it is" holds "yes"; "I do not know." holds no "Rome"
     write_predictions(tmp_path / "p.jsonl", preds)
     lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
     assert lines == preds and lines[2]["prediction"] == "Zoë Saldaña"

@@ -191,3 +191,12 @@ def test_hf_engine_on_cuda_matches_teacher_forcing(hf_ref):
     for p, g in zip(PROMPTS, gens):
         assert g.logprobs == pytest.approx(_teacher_forced(hf_ref, p, g.token_ids), abs=5e-2)
     assert all(v.is_cuda for v in engine.weight_views().values())
+
+
+def test_vllm_cpu_rejects_small_heads_by_name():
+    from searchr1.engines.vllm import _check_cpu_head_dim
+    from searchr1.models import model_dir
+
+    with pytest.raises(ValueError, match="head_dim=16"):
+        _check_cpu_head_dim(model_dir(ModelConfig(name="tiny", source="tiny")))
+    _check_cpu_head_dim(model_dir(TINY))

@@ -46,6 +46,18 @@ def _shield_llvmlite() -> None:
         lib._fntab.setdefault("__dict__", {})
 
 
+def _check_cpu_head_dim(model_path: str) -> None:
+    """vLLM's CPU attention kernels reject small heads deep inside the first generate(); fail at start instead."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim < 32:
+        raise ValueError(f"{model_path}: head_dim={head_dim} (hidden_size={config.hidden_size} / "
+                         f"num_attention_heads={config.num_attention_heads}); vLLM's CPU attention needs >= 32 "
+                         "(for model=tiny set model.tiny.num_heads=2 model.tiny.num_kv_heads=1, or use rollout=hf)")
+
+
 def _set_env(rollout_cfg: RolloutConfig, on_cpu: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if on_cpu:
@@ -106,6 +118,7 @@ class VLLMEngine:
         if current_platform.is_cpu():
             import vllm.model_executor.layers.utils as layer_utils
 
+            _check_cpu_head_dim(model_path)
             layer_utils.dispatch_cpu_unquantized_gemm = _keep_live_cpu_weights
             _shield_llvmlite()
         elif device.type == "cuda" and device.index is not None:

@@ -95,6 +95,9 @@ def run_rank(cfg: Config, run_dir: Path) -> None:
         splits = load_splits(cfg.data, REPO_ROOT)
         role = Trainer if topo.role == "trainer" else Rollout
         role(cfg, run_dir, topo, groups, splits).run()
+    except SystemExit as stop:  # submitit's requeue on preemption exits this way: not a failure of ours
+        log.info("exiting (%s)", stop.code)
+        raise
     except BaseException:
         # Exit now: a rank blocked in a collective with us would otherwise wait out the whole timeout.
         log.exception("rank %d (%s) failed", topo.rank, topo.role)

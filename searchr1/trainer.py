@@ -48,7 +48,7 @@ def pack_micro_batches(lengths: list[int], budget_tokens: int) -> list[list[int]
     return batches
 
 
-def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -> dict[str, torch.Tensor]:
+def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -> dict:
     """Right-padded inputs plus per-position targets, mask and behaviour log-probs.
 
     Position t of the `_bt` tensors holds the prediction of token start+1+t, where start is the last prompt
@@ -69,7 +69,7 @@ def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -
         old_bt[i, off:off + len(t.response_ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
     return {"ids_bt": ids_bt.to(device), "attn_bt": attn_bt.to(device), "target_bt": ids_bt[:, start + 1:].to(device),
             "mask_bt": mask_bt.to(device), "old_bt": old_bt.to(device), "adv_b": adv_b.to(device),
-            "keep": torch.tensor(L - start)}
+            "keep": L - start}
 
 
 class Trainer:
@@ -99,8 +99,7 @@ class Trainer:
         self.ddp = None
         if self.world > 1:
             idx = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.module, process_group=group, device_ids=idx,
-                                               broadcast_buffers=False)
+            self.ddp = DistributedDataParallel(self.module, process_group=group, device_ids=idx)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=algo.lr, betas=tuple(algo.betas),
                                            weight_decay=algo.weight_decay)
         warmup = algo.warmup_steps
@@ -128,39 +127,48 @@ class Trainer:
             if bad:
                 raise ValueError(f"trajectory {t.qid}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab})")
 
-    def _logits(self, net, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        with self._autocast():
-            out = net(input_ids=mb["ids_bt"], attention_mask=mb["attn_bt"], logits_to_keep=int(mb["keep"]),
-                      use_cache=False)
-        return out.logits[:, :-1]
+    def _logprobs(self, net, mb: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs at the trained positions, scattered into a zero `_bt` tensor; those positions' logits).
 
-    def _micro_step(self, mb: dict[str, torch.Tensor], denom: float) -> torch.Tensor:
+        Only trained positions reach the float32 log-softmax: information blocks and padding can be most of a
+        Search-R1 response, and the [tokens, vocab] float32 tensors are the trainer's largest activations."""
+        with self._autocast():
+            out = net(input_ids=mb["ids_bt"], attention_mask=mb["attn_bt"], logits_to_keep=mb["keep"],
+                      use_cache=False)
+        on_bt = mb["mask_bt"].bool()
+        logits_nv = out.logits[:, :-1][on_bt]
+        logp_n = grpo.token_logprobs(logits_nv[None], mb["target_bt"][on_bt][None], self.temperature)[0]
+        return torch.zeros(on_bt.shape, device=self.device).masked_scatter(on_bt, logp_n), logits_nv
+
+    def _entropy_sum(self, logits_nv: torch.Tensor) -> torch.Tensor:
+        """Summed entropy of the trained positions, chunked: a full softmax copy of the logits is not needed."""
+        with torch.no_grad():
+            return sum((grpo.token_entropy(c[None], self.temperature).sum() for c in logits_nv.split(1024)),
+                       torch.zeros((), device=self.device))
+
+    def _micro_step(self, mb: dict, denom: float) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its summed stats (see `step`)."""
         a = self.algo
-        net = self.ddp or self.module
-        logits_btv = self._logits(net, mb)
-        logp_bt = grpo.token_logprobs(logits_btv, mb["target_bt"], self.temperature)
+        logp_bt, logits_nv = self._logprobs(self.ddp or self.module, mb)
         mask_bt = mb["mask_bt"]
-        pg, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
-        loss, kl_sum = pg, torch.zeros((), device=self.device)
+        loss, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
+        kl_sum = torch.zeros((), device=self.device)
         if self.ref is not None:
             with torch.no_grad():
-                ref_logp_bt = grpo.token_logprobs(self._logits(self.ref, mb), mb["target_bt"], self.temperature)
+                ref_logp_bt, _ = self._logprobs(self.ref, mb)
             kl_bt = grpo.kl_penalty(logp_bt, ref_logp_bt, mask_bt, a.kl_estimator)
             loss = loss + a.kl_coef * grpo.masked_aggregate(kl_bt, mask_bt, a.loss_agg, denom)
             kl_sum = kl_bt.detach().sum()
         if a.entropy_coef > 0:
-            ent_bt = grpo.token_entropy(logits_btv, self.temperature)
+            ent_bt = torch.zeros_like(logp_bt).masked_scatter(mask_bt.bool(), grpo.token_entropy(
+                logits_nv[None], self.temperature)[0])
             loss = loss - a.entropy_coef * grpo.masked_aggregate(ent_bt, mask_bt, a.loss_agg, denom)
-        else:
-            with torch.no_grad():
-                ent_bt = grpo.token_entropy(logits_btv.detach(), self.temperature)
         # DDP averages gradients over the replicas; each replica's loss already carries the global denominator.
         (loss * self.world).backward()
         n = st["tokens"].float()
-        return torch.stack([loss.detach().float(), st["clip_frac"] * n, st["approx_kl"] * n,
-                            (ent_bt * mask_bt).sum().detach(), kl_sum, n, torch.tensor(float(len(mb["adv_b"])),
-                                                                                        device=self.device)])
+        rows = torch.tensor(float(mask_bt.shape[0]), device=self.device)
+        return torch.stack([loss.detach(), st["clip_frac"] * n, st["approx_kl"] * n,
+                            self._entropy_sum(logits_nv.detach()), kl_sum, n, rows])
 
     def step(self, trajs: list[Trajectory]) -> dict[str, float]:
         """One optimizer step on the step's full list of trajectories (identical on every trainer rank)."""

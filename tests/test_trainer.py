@@ -218,3 +218,133 @@ def test_checkpoint_is_an_hf_model_and_writes_atomically(tmp_path, monkeypatch):
     assert Trainer(tiny(), AlgoConfig(), "cpu").load_checkpoint(tmp_path / "ckpt") == {"v": 1}
     with pytest.raises(FileNotFoundError, match="not a trainer checkpoint"):
         tr.load_checkpoint(tmp_path)
+
+
+# ---------------------------------------------------------------- two replicas (gloo, loopback)
+
+REPLICA_CASES = {
+    # name: (compute dtype, algo overrides, max |param difference| in learning rates, max relative difference of
+    # the total update ||u_2 - u_1|| / ||u_1|| after the four steps)
+    "fp32_token_accumulate": ("float32", {"micro_batch_tokens": 48}, ADAM_ATOL, 1e-5),
+    "fp32_seq_kl_entropy": ("float32", {"loss_agg": "seq_mean", "kl_coef": 0.01, "entropy_coef": 0.01},
+                            ADAM_ATOL, 1e-5),
+    # bf16 autocast rounds differently for other batch shapes (a replica's micro-batches are not the single
+    # replica's), and Adam turns that into sign flips on near-zero gradients: replicas stay bitwise equal to each
+    # other, and the update matches the single replica's to 0.6% (measured), checked at 2%.
+    "bf16_default": ("bfloat16", {}, None, 0.02),
+}
+
+
+def replica_batches():
+    """Four steps: uneven shards; a step where only one row is trainable (one replica idles); all flat."""
+    idle = make_trajs(32, n_groups=2, group_size=2, flat_groups=(1,))
+    idle[0].reward, idle[1].reward = 1.0, 0.0
+    idle[1].loss_mask = [0] * len(idle[1].loss_mask)
+    return [make_trajs(30, n_groups=3, group_size=3), make_trajs(31, n_groups=4, group_size=2, flat_groups=()),
+            idle, make_trajs(33, n_groups=2, group_size=2, flat_groups=(0, 1))]
+
+
+def _replica_worker(rank, world, port, out_path):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        group = dist.new_group(list(range(world)))  # like dist.Groups.trainer
+        result = {}
+        for name, (dtype, overrides, _, _) in REPLICA_CASES.items():
+            tr = Trainer(tiny(dtype), AlgoConfig(lr=1e-3, **overrides), "cpu", group=group, seed=rank)
+            equal = []
+            for trajs in replica_batches():
+                tr.step(trajs)
+                p = flat_params(tr)
+                everyone = [torch.empty_like(p) for _ in range(world)]
+                dist.all_gather(everyone, p, group=group)
+                equal.append(all(torch.equal(everyone[0], q) for q in everyone))
+            result[name] = {"equal": equal, "params": p}
+        if rank == 0:
+            torch.save(result, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_replicas_match_one_and_stay_bitwise_equal(tmp_path):
+    out = tmp_path / "replicas.pt"
+    mp.spawn(_replica_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    got = torch.load(out)
+    for name, (dtype, overrides, atol, rel_tol) in REPLICA_CASES.items():
+        assert got[name]["equal"] == [True] * 4, name
+        single = Trainer(tiny(dtype), AlgoConfig(lr=1e-3, **overrides), "cpu", seed=0)
+        p0 = flat_params(single)
+        for trajs in replica_batches():
+            single.step(trajs)
+        u2, u1 = got[name]["params"] - p0, flat_params(single) - p0
+        assert ((u2 - u1).norm() / u1.norm()).item() < rel_tol, name
+        if atol is not None:
+            torch.testing.assert_close(u2, u1, rtol=0, atol=atol * 1e-3, msg=name)
+
+
+# ---------------------------------------------------------------- the policy learns (and unlearns)
+
+QUESTIONS = ["What is the capital of France?", "Who wrote Hamlet?", "How many legs does a spider have?",
+             "Which river flows through Cairo?"]
+LEARN_GROUP, LEARN_STEPS, LEARN_LR = 16, 20, 5e-2
+
+
+@torch.no_grad()
+def sample_first_tokens(model, prompt_ids, n, gen):
+    """n samples of [first token, <information>, second token] from the policy itself, with the behaviour
+    log-probs of the two sampled tokens (what an engine reports)."""
+    ids = torch.tensor(prompt_ids).repeat(n, 1)
+    toks, logps = [], []
+    for k in range(2):
+        logp_bv = torch.log_softmax(model(input_ids=ids, logits_to_keep=1).logits[:, -1].float(), dim=-1)
+        tok_b1 = torch.multinomial(logp_bv.exp(), 1, generator=gen)
+        toks.append(tok_b1[:, 0])
+        logps.append(logp_bv.gather(-1, tok_b1)[:, 0])
+        ids = torch.cat([ids, tok_b1] + ([torch.full_like(tok_b1, INFO_ID)] if k == 0 else []), dim=1)
+    return [[int(a), INFO_ID, int(b)] for a, b in zip(*toks)], [[float(a), 0.0, float(b)] for a, b in zip(*logps)]
+
+
+def learning_curve(sign: float, stop_at: float | None) -> list[float]:
+    """Mean reward per step. Reward 1 when the first answer token is in a fixed 10% of the vocabulary (the
+    tokens furthest along a random direction of the initial embedding space), so the random policy starts near
+    0.1; `sign` multiplies the reward handed to the trainer, flipping every advantage."""
+    algo = AlgoConfig(group_size=LEARN_GROUP, questions_per_step=len(QUESTIONS), lr=LEARN_LR)
+    tr = Trainer(tiny(), algo, "cpu", seed=0)
+    emb_vd = tr.model.get_input_embeddings().weight.detach()
+    along_v = emb_vd @ torch.randn(emb_vd.shape[1], generator=torch.Generator().manual_seed(1))
+    target_v = torch.zeros(emb_vd.shape[0], dtype=torch.bool)
+    target_v[along_v.topk(emb_vd.shape[0] // 10).indices] = True
+    prompts = [tr.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    gen = torch.Generator().manual_seed(0)
+    curve = []
+    for _ in range(LEARN_STEPS):
+        trajs = []
+        for g, prompt in enumerate(prompts):
+            responses, logps = sample_first_tokens(tr.model, prompt, LEARN_GROUP, gen)
+            for resp, lp in zip(responses, logps):
+                trajs.append(Trajectory(qid=f"q{g}", group=g, prompt_ids=list(prompt), response_ids=resp,
+                                        loss_mask=[1, 0, 1], logprobs=lp, reward=float(target_v[resp[0]])))
+        curve.append(sum(t.reward for t in trajs) / len(trajs))
+        for t in trajs:
+            t.reward *= sign
+        tr.step(trajs)
+        if stop_at is not None and len(curve) >= 3 and sum(curve[-3:]) / 3 >= stop_at:
+            break
+    return curve
+
+
+def test_policy_learns_a_reachable_reward_and_not_with_flipped_advantages():
+    up = learning_curve(+1.0, stop_at=0.8)
+    assert sum(up[:2]) / 2 < 0.3, up  # it did start low
+    assert sum(up[-3:]) / 3 >= 0.8, up  # and got there within LEARN_STEPS
+    down = learning_curve(-1.0, stop_at=None)
+    assert len(down) == LEARN_STEPS
+    assert max(sum(down[i:i + 3]) / 3 for i in range(len(down) - 2)) < 0.8, down
+    assert sum(down[-3:]) / 3 < sum(down[:3]) / 3, down

@@ -161,6 +161,7 @@ class AlgoConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3
     micro_batch_tokens: int = 8192  # padded tokens per forward/backward; gradient accumulation beyond
     entropy_coef: float = 0.0
+    gradient_checkpointing: bool = False  # recompute layer activations in backward (3B on one GPU per replica)
 
     def __post_init__(self):
         _one_of("algo.name", self.name, {"grpo"})

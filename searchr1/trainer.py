@@ -89,6 +89,9 @@ class Trainer:
         model, self.tokenizer = load_model(model_cfg, dtype=torch.float32)
         self.module = model.to(self.device).train()
         self.module.config.use_cache = False
+        if algo.gradient_checkpointing:
+            # non-reentrant: the reentrant variant breaks DDP's gradient hooks under no_sync
+            self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.vocab = self.module.get_input_embeddings().num_embeddings
         self.compute_dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else None

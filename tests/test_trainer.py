@@ -129,6 +129,17 @@ def test_micro_batching_does_not_change_the_update(agg):
     torch.testing.assert_close(params[0], params[1], rtol=0, atol=ADAM_ATOL * 1e-3)
 
 
+def test_gradient_checkpointing_does_not_change_the_update():
+    trajs = make_trajs(9)
+    params = []
+    for ckpt in (False, True):
+        tr = Trainer(tiny(), AlgoConfig(lr=1e-3, gradient_checkpointing=ckpt), "cpu", seed=0)
+        assert tr.model.is_gradient_checkpointing == ckpt
+        tr.step(trajs)
+        params.append(flat_params(tr))
+    torch.testing.assert_close(params[0], params[1], rtol=0, atol=ADAM_ATOL * 1e-3)
+
+
 def test_reference_model_only_with_kl():
     assert Trainer(tiny(), AlgoConfig(kl_coef=0.0), "cpu").ref is None
     tr = Trainer(tiny("bfloat16"), AlgoConfig(kl_coef=0.001, lr=1e-3), "cpu")
@@ -225,7 +236,7 @@ def test_checkpoint_is_an_hf_model_and_writes_atomically(tmp_path, monkeypatch):
 REPLICA_CASES = {
     # name: (compute dtype, algo overrides, max |param difference| in learning rates, max relative difference of
     # the total update ||u_2 - u_1|| / ||u_1|| after the four steps)
-    "fp32_token_accumulate": ("float32", {"micro_batch_tokens": 48}, ADAM_ATOL, 1e-5),
+    "fp32_token_accumulate": ("float32", {"micro_batch_tokens": 48, "gradient_checkpointing": True}, ADAM_ATOL, 1e-5),
     "fp32_seq_kl_entropy": ("float32", {"loss_agg": "seq_mean", "kl_coef": 0.01, "entropy_coef": 0.01},
                             ADAM_ATOL, 1e-5),
     # bf16 autocast rounds differently for other batch shapes (a replica's micro-batches are not the single

@@ -75,8 +75,9 @@ def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -
 class Trainer:
     def __init__(self, model_cfg: ModelConfig, algo: AlgoConfig, device, group: dist.ProcessGroup | None = None,
                  seed: int = 0, temperature: float = 1.0):
-        """`temperature`: the rollout's sampling temperature, so that recomputed log-probs match the
-        behaviour log-probs (rollout.temperature; 1.0 in Search-R1)."""
+        """`group`: the trainer replicas' process group (None or size 1: no DDP). `seed` seeds the process's
+        torch, numpy and python RNGs (the trainer role owns its process). `temperature`: the rollout's sampling
+        temperature, so that recomputed log-probs match the behaviour log-probs (rollout.temperature)."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: training needs sampled (temperature > 0) log-probs")
         self.algo, self.temperature, self.device = algo, temperature, torch.device(device)
@@ -186,10 +187,9 @@ class Trainer:
         # term needs it (the denominator above still counts it, so the update is unchanged).
         needs_all = self.ref is not None or a.entropy_coef > 0
         train = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and (needs_all or adv_b[i] != 0)]
-        lengths = [len(trajs[i].prompt_ids) + len(trajs[i].response_ids) for i in train]
-        mine = [train[k] for k in shard_indices(lengths, self.world, self.rank)]
-        batches = pack_micro_batches([len(trajs[i].prompt_ids) + len(trajs[i].response_ids) for i in mine],
-                                     a.micro_batch_tokens)
+        seq_len = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+        mine = [train[k] for k in shard_indices([seq_len[i] for i in train], self.world, self.rank)]
+        batches = pack_micro_batches([seq_len[i] for i in mine], a.micro_batch_tokens)
         sums = torch.zeros(7, device=self.device)
         for j, rows in enumerate(batches):
             idx = [mine[r] for r in rows]

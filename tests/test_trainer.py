@@ -2,8 +2,6 @@
 import os
 import random
 import socket
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch

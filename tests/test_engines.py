@@ -117,6 +117,10 @@ def test_vllm_generation_logprobs_stops(vllm_engine, hf_ref):
     cut = engine.generate(PROMPTS[:1], Sampling(temperature=1.0, max_new_tokens=6, seed=5,
                                                 stop=[tok.decode(free[:k])[:-1]]))[0]
     assert cut.finish_reason == "stop" and cut.token_ids == free[:k]
+    near_limit = engine.generate([list(range(100, 1120))], Sampling(temperature=1.0, max_new_tokens=8, seed=5))[0]
+    assert len(near_limit.token_ids) == 4 and near_limit.finish_reason == "length"
+    with pytest.raises(ValueError, match="max_model_len=1024"):
+        engine.generate([list(range(100, 1124))], Sampling(max_new_tokens=8))
 
 
 @pytest.mark.vllm

@@ -123,8 +123,9 @@ class VLLMEngine:
             _shield_llvmlite()
         elif device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
+        self.max_model_len = max_model_len or rollout_cfg.max_context_tokens
         kwargs = dict(model=model_path, dtype="bfloat16", enforce_eager=rollout_cfg.enforce_eager, seed=0,
-                      max_model_len=max_model_len or rollout_cfg.max_context_tokens)
+                      max_model_len=self.max_model_len)
         if not current_platform.is_cpu():
             kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
         self.llm = LLM(**kwargs)
@@ -163,10 +164,16 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        too_long = [i for i, p in enumerate(prompts) if len(p) >= self.max_model_len]
+        if too_long:
+            raise ValueError(f"prompt {too_long[0]} has {len(prompts[too_long[0]])} tokens: no room left under the "
+                             f"engine's max_model_len={self.max_model_len} (rollout.max_context_tokens)")
+        # A prompt near the limit gets fewer new tokens (finish "length") rather than a rejected request.
         params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_new_tokens, stop=list(sampling.stop), logprobs=0,
+                                 max_tokens=min(sampling.max_new_tokens, self.max_model_len - len(p)),
+                                 stop=list(sampling.stop), logprobs=0,
                                  seed=None if sampling.seed is None else sampling.seed + i)
-                  for i in range(len(prompts))]
+                  for i, p in enumerate(prompts)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         gens = []
         for out in outs:

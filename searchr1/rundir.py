@@ -72,3 +72,55 @@ def write_status(run_dir: Path, **fields) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(status, indent=1) + "\n")
     tmp.replace(path)
+
+
+LIGHT = ("config.yaml", "git.json", "data.json", "metrics.jsonl", "summary.json", "status.json", "submit.sbatch")
+
+
+def export(run_dir: str | Path, dest: str | Path) -> Path:
+    """Copy a run's small files (no checkpoints, no wandb) into `dest` and write a README with its numbers:
+    what `results/` holds for each reference run."""
+    import shutil
+
+    from searchr1.metrics import read_metrics
+
+    run_dir, dest = Path(run_dir), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in LIGHT:
+        if (run_dir / name).exists():
+            shutil.copy2(run_dir / name, dest / name)
+    if (run_dir / "predictions").is_dir():
+        shutil.copytree(run_dir / "predictions", dest / "predictions", dirs_exist_ok=True)
+    (dest / "logs").mkdir(exist_ok=True)
+    shutil.copy2(run_dir / "logs" / "rank0.log", dest / "logs" / "rank0.log")
+    records = read_metrics(run_dir / "metrics.jsonl")
+    (dest / "README.md").write_text(summary_markdown(load_config(run_dir), records, run_dir.name))
+    return dest
+
+
+def summary_markdown(cfg: Config, records: list[dict], name: str) -> str:
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+
+    def mean(key, rows=train):
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    lines = [f"# {name}", "",
+             f"`python launch.py +experiment={cfg.experiment} sync={cfg.sync.method}` — model {cfg.model.name}, "
+             f"{cfg.cluster.trainer_ranks} trainer + {cfg.cluster.rollout_ranks} rollout ranks ({cfg.cluster.backend}), "
+             f"{cfg.steps} steps of {cfg.algo.questions_per_step} questions x {cfg.algo.group_size} samples, "
+             f"rollout engine {cfg.rollout.engine}. Numbers below are read from `metrics.jsonl`.", "",
+             "## Held-out evaluation", "", "| after step | EM | EM % | F1 | searches/question |", "|---|---|---|---|---|"]
+    lines += [f"| {e['step']} | {e['eval/em_count']}/{e['eval/n']} | {100 * e['eval/em']:.1f} | {e['eval/f1']:.3f} | "
+              f"{e['eval/searches']:.2f} |" for e in evals]
+    lines += ["", "## Per step (mean over steps)", "", "| metric | value |", "|---|---|"]
+    rows = [("seconds per step", mean("time/step_s")), ("reward", mean("reward")),
+            ("searches per trajectory", mean("searches")), ("weight bytes broadcast per step", mean("sync/bytes")),
+            ("bytes of a full export", mean("sync/full_bytes")), ("changed fraction", mean("sync/changed_frac")),
+            ("useful-work fraction", mean("useful_work_fraction"))]
+    rows += [(f"{k[5:-2]} s (mean over the role's ranks)", mean(k))
+             for k in sorted({k for r in train for k in r if k.startswith("time/") and k.endswith("_s")})
+             if k != "time/step_s"]
+    lines += [f"| {k} | {v:.4g} |" for k, v in rows]
+    return "\n".join(lines) + "\n"

@@ -87,7 +87,10 @@ def launch(cfg: Config, run_dir: Path, entry: Callable | None = None, echo: bool
             if echo:
                 offset = _echo(logs / "rank0.log", offset)
             codes = [p.poll() for p in procs]
-            failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+            # A rank killed by a signal is the cause; ranks that exit 1 in the same instant only saw their
+            # peer vanish. Otherwise the lowest failed rank.
+            bad = sorted((c >= 0, r) for r, c in enumerate(codes) if c not in (None, 0))
+            failed = bad[0][1] if bad else None
             if failed is not None or all(c == 0 for c in codes):
                 break
             time.sleep(POLL_S)

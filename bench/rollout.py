@@ -62,7 +62,8 @@ def main(argv: list[str]) -> dict:
                 for p in index.search(queries, cfg.retriever.top_k)]
 
     questions = splits.train[:n_q]
-    prompts = [build_prompt(tok, q.question, cfg.rollout.search) for q in questions for _ in range(group)]
+    prompts = [build_prompt(tok, q.question, cfg.rollout.search, cfg.rollout.prompt) for q in questions
+               for _ in range(group)]
     sampling = sampling_for(cfg.rollout, seed=SEED)
     raw_sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=SEED,
                             max_new_tokens=cfg.rollout.max_new_tokens)

@@ -62,11 +62,38 @@ STOP_REASONS = ("answer", "eos", "max_searches", "max_new_tokens", "max_context"
 _SEED_STRIDE = 100_003  # per-turn seed offset; larger than any batch so turns never reuse a row's seed
 
 
-def build_prompt(tokenizer, question: str, search: bool = True) -> list[int]:
-    """The Search-R1 instruction as one user message in the model's own chat template."""
-    text = (SEARCH_INSTRUCTION if search else DIRECT_INSTRUCTION).format(question=question.strip())
+# A worked example for small models: measured on SmolLM2-135M-Instruct (8 training questions, greedy), the bare
+# instruction gave 0/8 turns with a search or an answer, the example plus an opened <think> gave 3/8. Without a
+# single well-formed sample a group's rewards are all equal and GRPO has no signal to learn from.
+SEARCH_EXAMPLE = (
+    "Example:\nQuestion: Which city hosts the headquarters of the company that makes the iPhone?\n"
+    "<think> The iPhone is made by Apple. I need the city of Apple's headquarters. </think>\n"
+    "<search> Apple headquarters city </search>\n<information>Doc 1(Title: Apple Park) Apple Park is the "
+    "corporate headquarters of Apple Inc., in Cupertino, California.</information>\n"
+    "<think> Apple is headquartered in Cupertino. </think>\n<answer> Cupertino </answer>\n\n")
+DIRECT_EXAMPLE = (
+    "Example:\nQuestion: Which city hosts the headquarters of the company that makes the iPhone?\n"
+    "<think> The iPhone is made by Apple, which is headquartered in Cupertino. </think>\n"
+    "<answer> Cupertino </answer>\n\n")
+PROMPT_STYLES = ("search_r1", "search_r1_example")
+
+
+def build_prompt(tokenizer, question: str, search: bool = True, style: str = "search_r1") -> list[int]:
+    """The Search-R1 instruction as one user message in the model's own chat template.
+
+    style=search_r1_example adds one worked example before the question and opens the assistant turn with
+    `<think>`; those prompt tokens are never trained on (the loss mask covers generated tokens only)."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"rollout.prompt={style!r}: must be one of {PROMPT_STYLES}")
+    template = SEARCH_INSTRUCTION if search else DIRECT_INSTRUCTION
+    if style == "search_r1_example":
+        template = template.replace("Question: {question}",
+                                    (SEARCH_EXAMPLE if search else DIRECT_EXAMPLE) + "Question: {question}")
+    text = template.format(question=question.strip())
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=False)
+    if style == "search_r1_example":
+        rendered += "<think>"
     return tokenizer(rendered, add_special_tokens=False).input_ids
 
 
@@ -161,7 +188,7 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
     started = time.perf_counter()
     episodes = []
     for i, q in enumerate(questions):
-        prompt = build_prompt(tok, q.question, cfg.search)
+        prompt = build_prompt(tok, q.question, cfg.search, cfg.prompt)
         episodes += [_Episode(q.qid, group_offset + i, list(q.answers), prompt) for _ in range(group_size)]
     head = tok(INFO_HEAD, add_special_tokens=False).input_ids
     tail = tok(INFO_TAIL, add_special_tokens=False).input_ids

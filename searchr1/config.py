@@ -123,6 +123,9 @@ class RolloutConfig:
     top_p: float = 1.0
     format_reward: float = 0.0  # added for a well-formed answer that is wrong; 0 = pure EM, as in Search-R1
     search: bool = True  # false: the model answers directly (the no-retrieval baseline)
+    # search_r1: the paper's instruction; search_r1_example: plus one worked example and an opened <think>,
+    # for models too small to follow the bare instruction (see searchr1/agent.py)
+    prompt: str = "search_r1"
     eval_batch_size: int = 64  # held-out questions per agent-loop batch (bounds the HF engine's KV cache)
     # vLLM only
     gpu_memory_utilization: float = 0.6
@@ -131,6 +134,7 @@ class RolloutConfig:
 
     def __post_init__(self):
         _one_of("rollout.engine", self.engine, {"hf", "vllm"})
+        _one_of("rollout.prompt", self.prompt, {"search_r1", "search_r1_example"})
         _check(self.max_searches >= 0, "rollout.max_searches", self.max_searches, "must be >= 0")
         for k in ("max_new_tokens", "max_info_tokens", "max_context_tokens"):
             _check(getattr(self, k) > 0, f"rollout.{k}", getattr(self, k), "must be > 0")

@@ -124,3 +124,11 @@ def summary_markdown(cfg: Config, records: list[dict], name: str) -> str:
              if k != "time/step_s"]
     lines += [f"| {k} | {v:.4g} |" for k, v in rows]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "export":
+        sys.exit("usage: python -m searchr1.rundir export RUN_DIR DEST")
+    print(export(sys.argv[2], sys.argv[3]))

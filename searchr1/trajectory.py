@@ -24,7 +24,7 @@ class Trajectory:
     searches: int = 0
     turns: int = 0
     info_tokens: int = 0
-    stop_reason: str = ""  # answer | eos | max_searches | max_new_tokens | max_context
+    stop_reason: str = ""  # answer | eos | max_searches | max_new_tokens | max_context | malformed
     malformed: list[str] = field(default_factory=list)  # rule names from agent.py, one per occurrence
     response_text: str = ""  # decoded, for logs and predictions only
     policy_version: int = 0

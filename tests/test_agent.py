@@ -116,6 +116,15 @@ def test_prompt_uses_chat_template_and_instruction(tok):
     assert DIRECT_INSTRUCTION.split(".")[0] in direct and "<search>" not in direct
 
 
+def test_example_prompt_style_opens_the_think_block(tok):
+    text = tok.decode(build_prompt(tok, "Who wrote Hamlet?", style="search_r1_example"))
+    assert text.endswith("<|im_start|>assistant\n<think>")
+    assert text.index("Example:") < text.index("Question: Who wrote Hamlet?")
+    assert "<answer> Cupertino </answer>" in text
+    with pytest.raises(ValueError, match="rollout.prompt"):
+        build_prompt(tok, "Q?", style="chatty")
+
+
 def test_multi_turn_ids_mask_logprobs_are_exact(tok):
     scripts = {"Q1?": ["<think>need facts</think><search> capital of France </search>",
                        "<think>more</think><search> Paris population </search>",

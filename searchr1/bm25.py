@@ -96,23 +96,46 @@ def _heap_push(hs, hd, n, s, d):
 @numba.njit(cache=True, nogil=True)
 def scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, n_docs, depth):
     """bm25s-style retrieval: add every posting of each distinct query term (times its count in the query) into
-    a float32 accumulator, then keep the `depth` best passages (score desc, passage asc)."""
+    a float32 accumulator, then keep the `depth` best passages (score desc, passage asc).
+
+    A query whose postings reach few passages keeps a list of those it touched and selects among them; one that
+    reaches many scans the whole accumulator instead (cheaper than the bookkeeping when most passages are hit)."""
     n_q = len(q_ptr) - 1
     cand_qc = np.full((n_q, depth), -1, dtype=np.int64)
-    acc = np.empty(n_docs, dtype=np.float32)
+    acc = np.zeros(n_docs, dtype=np.float32)
+    seen = np.zeros(n_docs, dtype=np.bool_)
+    touched = np.empty(n_docs, dtype=np.int32)
     hs = np.empty(depth, dtype=np.float32)
     hd = np.empty(depth, dtype=np.int64)
     for qi in range(n_q):
-        acc[:] = 0
+        n_post = 0
+        for e in range(q_ptr[qi], q_ptr[qi + 1]):
+            n_post += indptr_v[q_term[e] + 1] - indptr_v[q_term[e]]
+        few = 4 * n_post < n_docs
+        nt = 0
         for e in range(q_ptr[qi], q_ptr[qi + 1]):
             t, w = q_term[e], q_mult[e]
             for p in range(indptr_v[t], indptr_v[t + 1]):
-                acc[doc_z[p]] += w * score_z[p]
+                d = doc_z[p]
+                acc[d] += w * score_z[p]
+                if few and not seen[d]:
+                    seen[d] = True
+                    touched[nt] = d
+                    nt += 1
         n = 0
-        for d in range(n_docs):
-            v = acc[d]
-            if v > 0 and (n < depth or v >= hs[0]):
-                n = _heap_push(hs, hd, n, v, d)
+        if few:
+            for i in range(nt):
+                d = touched[i]
+                if acc[d] > 0:
+                    n = _heap_push(hs, hd, n, acc[d], d)
+                acc[d] = 0
+                seen[d] = False
+        else:
+            for d in range(n_docs):
+                v = acc[d]
+                if v > 0 and (n < depth or v >= hs[0]):
+                    n = _heap_push(hs, hd, n, v, d)
+            acc[:] = 0
         cand_qc[qi, :n] = hd[:n]
     return cand_qc
 

@@ -207,3 +207,13 @@ def test_term_doc_counts_and_scan_top_break_ties_by_passage():
     cand_qc = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 2)
     assert sorted(cand_qc[0].tolist()) == [0, 1]  # 0 scores 1.5; 1 and 2 tie at 0.5: the lower id stays
     assert bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 4)[0].tolist().count(-1) == 1
+
+
+def test_scan_top_same_answer_whether_it_tracks_touched_passages_or_scans_all():
+    _, tok_n, len_d = bm25.count_tokens([["a", "b", "a"], ["b"], ["a"], ["c"]], 4)
+    term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, 3)
+    score_z = np.array([1.0, 0.5, 0.5, 0.5, 2.0], dtype=np.float32)
+    q_ptr, q_term, q_mult = np.array([0, 2, 3]), np.array([0, 1, 2]), np.array([1.0, 2.0, 1.0], dtype=np.float32)
+    dense = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 2)  # most passages hit: full scan
+    few = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 400, 2)  # 396 empty passages: a list
+    assert [sorted(r) for r in dense.tolist()] == [sorted(r) for r in few.tolist()] == [[0, 1], [-1, 3]]

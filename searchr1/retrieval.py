@@ -9,10 +9,11 @@ Two backends behind `Index`:
 - `bm25s`: the index is bm25s's: its sparse CSC arrays of precomputed (term, passage) scores, its save/load and
   memory-mapped load. What is ours: the matrix is built here (vectorised numpy) with BM25Okapi's idf (negative idf
   floored to epsilon * mean idf), which none of bm25s's idf variants is, and ATIRE term weighting, which is
-  BM25Okapi's; the query kernel is ours too (bm25s's numba retrieval compiles for ~20 s in every process and
-  cannot be cached; this one is cached on disk, weights a repeated query word instead of scanning it twice, and
-  breaks ties by passage id). It sums float32, so it proposes `rerank_depth` candidates and these are rescored
-  in float64 with the very expression rank_bm25 evaluates: the returned scores are rank_bm25's, bit for bit.
+  BM25Okapi's; the query kernel (searchr1/bm25.py) is ours too: bm25s's numba retrieval compiles for ~20 s in
+  every process and cannot be cached, this one is cached on disk, weights a repeated query word instead of
+  scanning it twice, and breaks ties by passage id. It sums float32, so it proposes `rerank_depth` candidates and
+  these are rescored in float64 with the very expression rank_bm25 evaluates: the returned scores are
+  rank_bm25's, bit for bit.
 Both order hits by (score desc, passage id asc) and drop passages that score 0 (they share no term with the query).
 """
 from __future__ import annotations

@@ -271,6 +271,8 @@ class Trainer(_Role):
             if vals:  # counts add up; rollout ranks get equal shares, so a mean of their means is the batch mean
                 summed = "malformed/" in key or key.endswith("trajectories")
                 rec[key if "/" in key else f"rollout/{key}"] = sum(vals) if summed else sum(vals) / len(vals)
+        gen_s = rec.get("rollout/generation_s", 0.0)
+        rec["rollout/retrieval_to_generation"] = rec.get("rollout/retrieval_s", 0.0) / gen_s if gen_s else 0.0
         rec.update({k if "/" in k else f"train/{k}": v for k, v in train_m.items()})
         rec.update({k if "/" in k else f"sync/{k}": v for k, v in pub_m.items()})
         # The publisher's metrics already carry the slowest receiver's apply and verify times.

@@ -40,6 +40,7 @@ def test_every_rank_finished_and_every_step_was_recorded(smoke_run):
     for x in train:
         # every publication was verified on every rollout rank, with nothing to repair
         assert x["sync/verified"] == 1.0 and x["sync/mismatched"] == 0.0
+        assert 0.0 < x["sync/changed_frac"] and x["sync/bytes"] < x["sync/full_bytes"]
         assert x["trajectories"] == 4 and 0.0 < x["useful_work_fraction"] <= 1.0
         assert x["time/trainer/train_s"] > 0 and x["time/rollout/rollout_s"] > 0
     evals = [x for x in records if x["kind"] == "eval"]

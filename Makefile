@@ -33,7 +33,7 @@ test: install
 bench: install
 	$(BIN)/python bench/retrieval.py --quick
 	$(BIN)/python bench/weight_sync.py --quick
-	$(BIN)/python bench/rollout.py --quick
+	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1
 
 # The CPU reference runs in results/ (delta and full sync, otherwise identical), regenerated from scratch.
 results: install

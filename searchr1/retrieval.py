@@ -4,8 +4,7 @@ A separate retriever service stalled rollouts while they held GPUs, so every rol
 built once per corpus and cached on disk (`load_or_build`), memory-mapped where the backend allows.
 
 Two backends behind `Index`:
-- `rank_bm25`: rank_bm25's BM25Okapi itself, the reference (exact, slow: a Python pass over every passage per
-  query term).
+- `rank_bm25`: rank_bm25's BM25Okapi itself, the reference (exact, slow: a Python pass per passage and term).
 - `bm25s`: the index is bm25s's: its sparse CSC arrays of precomputed (term, passage) scores, its save/load and
   memory-mapped load. What is ours: the matrix is built here (vectorised numpy) with BM25Okapi's idf (negative idf
   floored to epsilon * mean idf), which none of bm25s's idf variants is, and ATIRE term weighting, which is

@@ -56,6 +56,9 @@ class PhaseTimer:
         finally:
             self.s[phase] += time.perf_counter() - t
 
+    def add(self, phase: str, seconds: float) -> None:
+        self.s[phase] += seconds
+
     def close(self) -> dict:
         wall = time.perf_counter() - self.t0
         return {**self.s, "wait": max(0.0, wall - sum(self.s.values())), "wall": wall}
@@ -116,6 +119,11 @@ class _Role:
         tdist.broadcast_object_list(box, src=0, group=self.g.ctrl)
         return box[0]
 
+    def arrive(self):
+        """Meet every rank before a transfer, so that waiting for the other role (untimed: it lands in the
+        step's `wait`) is not booked as transfer time."""
+        tdist.barrier(group=self.g.ctrl)
+
     def gather(self, obj):
         """Every rank's obj, in rank order, on rank 0 (None elsewhere)."""
         out = [None] * self.topo.world if self.topo.rank == 0 else None
@@ -143,10 +151,11 @@ class Rollout(_Role):
             with t("rollout"):
                 trajs, metrics = worker.rollout([train[idx[i]] for i in mine], mine.start, version,
                                                 seed=cfg.seed * 100_003 + step * 1_009 + topo.rollout_index)
+            self.arrive()
             with t("transfer"):
                 self.gather((trajs, metrics))
-            with t("sync"):
-                sub.receive(worker.weight_views())
+            got = sub.receive(worker.weight_views())  # blocks while the trainers train: that part is waiting
+            t.add("sync", got["sync/apply_s"] + got["sync/verify_s"])
             version = step + 1
             if eval_due(step + 1, cfg):
                 self.evaluate(worker, t)
@@ -178,6 +187,7 @@ class Trainer(_Role):
             self.evaluate(0, writer)
         for step in range(start, cfg.steps):
             t = PhaseTimer()
+            self.arrive()
             with t("transfer"):
                 got = self.gather(None)
                 box = [[(tr, m) for tr, m in got[topo.n_trainer:]] if lead else None]

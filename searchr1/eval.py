@@ -101,7 +101,8 @@ def main(cfg: Config, run_dir: Path) -> dict:
     """Evaluate the held-out questions; write predictions.jsonl and eval_summary.json into `run_dir`."""
     from searchr1.data import load_splits
     from searchr1.engines import make_engine
-    from searchr1.retrieval import format_passages, load_or_build
+    from searchr1.retrieval import load_or_build
+    from searchr1.rollout import make_retrieve
 
     run_dir = Path(run_dir)
     model_cfg = resolve_model(cfg)
@@ -110,9 +111,7 @@ def main(cfg: Config, run_dir: Path) -> dict:
     device = "cuda" if cfg.cluster.gpus > 0 and torch.cuda.is_available() else "cpu"
     engine = make_engine(model_cfg, cfg.rollout, device)
 
-    def retrieve(queries: list[str]) -> list[str]:
-        hits = index.search(queries, cfg.retriever.top_k)
-        return [format_passages(p, engine.tokenizer, cfg.retriever.passage_max_tokens) for p in hits]
+    retrieve = make_retrieve(index, engine.tokenizer, cfg.retriever) if index is not None else None
 
     predictions, summary = evaluate(engine, splits.heldout, retrieve, cfg.rollout)
     summary = {"model": model_cfg.path or model_cfg.name, "checkpoint": cfg.checkpoint or None,

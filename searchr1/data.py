@@ -85,15 +85,17 @@ def _field(rec: dict, name: str, types, where: str):
     return value
 
 
+def _hf_columns(value: dict, name: str, second: str, where: str) -> list[tuple]:
+    """Hugging Face stores a list of pairs as two parallel lists: {"title": [...], second: [...]}."""
+    titles, other = value.get("title"), value.get(second)
+    if not isinstance(titles, list) or not isinstance(other, list) or len(titles) != len(other):
+        raise DataError(f"{where}: field '{name}' needs lists 'title' and '{second}' of equal length")
+    return list(zip(titles, other))
+
+
 def _context(rec: dict, where: str) -> tuple:
     ctx = _field(rec, "context", (list, dict), where)
-    if isinstance(ctx, dict):  # Hugging Face
-        titles, sents = ctx.get("title"), ctx.get("sentences")
-        if not isinstance(titles, list) or not isinstance(sents, list) or len(titles) != len(sents):
-            raise DataError(f"{where}: field 'context' needs lists 'title' and 'sentences' of equal length")
-        pairs = list(zip(titles, sents))
-    else:
-        pairs = ctx
+    pairs = _hf_columns(ctx, "context", "sentences", where) if isinstance(ctx, dict) else ctx
     out = []
     for j, pair in enumerate(pairs):
         ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str) \
@@ -106,11 +108,8 @@ def _context(rec: dict, where: str) -> tuple:
 
 def _supporting(rec: dict, where: str) -> tuple:
     sf = _field(rec, "supporting_facts", (list, dict), where)
-    if isinstance(sf, dict):  # Hugging Face
-        titles, ids = sf.get("title"), sf.get("sent_id")
-        if not isinstance(titles, list) or not isinstance(ids, list) or len(titles) != len(ids):
-            raise DataError(f"{where}: field 'supporting_facts' needs lists 'title' and 'sent_id' of equal length")
-        return tuple((t, int(i)) for t, i in zip(titles, ids))
+    if isinstance(sf, dict):
+        return tuple((t, int(i)) for t, i in _hf_columns(sf, "supporting_facts", "sent_id", where))
     out = []
     for j, fact in enumerate(sf):
         if not isinstance(fact, list) or len(fact) < 2 or not isinstance(fact[0], str):

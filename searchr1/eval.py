@@ -17,9 +17,9 @@ import torch
 from searchr1.agent import run_episodes, sampling_for
 from searchr1.config import Config, ModelConfig, RolloutConfig
 from searchr1.reward import normalize_answer
+from searchr1.rundir import REPO_ROOT
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def evaluate(engine, questions: list, retrieve: Callable[[list[str]], list[str]], cfg: RolloutConfig

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 from searchr1.config import Config
@@ -31,7 +32,7 @@ class MetricsWriter:
             self._wandb = wandb.init(
                 project=cfg.wandb.project, entity=cfg.wandb.entity or None, mode=mode, dir=str(run_dir),
                 name=Path(run_dir).name, id=Path(run_dir).name.replace(":", "-"), resume="allow" if resume else None,
-                config=json.loads(json.dumps(_config_dict(cfg))))
+                config=json.loads(json.dumps(asdict(cfg))))
 
     def log(self, record: dict) -> None:
         record = {k: _clean(v) for k, v in record.items()}
@@ -48,12 +49,6 @@ class MetricsWriter:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
-
-
-def _config_dict(cfg: Config) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

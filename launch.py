@@ -17,12 +17,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from searchr1.config import Config, ConfigError
+from searchr1.config import Config, ConfigError, unknown_keys
 
 ConfigStore.instance().store(name="base_config", node=Config)
 
 
 def validate(dcfg: DictConfig) -> Config:
+    unknown = unknown_keys(dcfg)
+    if unknown:
+        raise SystemExit(f"config error: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
     try:
         return OmegaConf.to_object(dcfg)
     except ConfigError as err:
@@ -36,21 +39,15 @@ def validate(dcfg: DictConfig) -> Config:
 def main(dcfg: DictConfig) -> None:
     cfg = validate(dcfg)
     from searchr1 import rundir
+    from searchr1.cluster import job
 
     run_dir = rundir.create(cfg)
     print(f"run folder: {run_dir}", flush=True)
-    if cfg.mode == "eval":
-        from searchr1.eval import main as entry_eval
-
-        entry_eval(cfg, run_dir)
-        return
-    from searchr1.loop import run_rank
-
     if cfg.cluster.backend == "slurm":
         from searchr1.cluster.slurm import launch
     else:
         from searchr1.cluster.local import launch
-    rc = launch(cfg, run_dir, entry=run_rank)
+    rc = launch(cfg, run_dir, job.evaluation(cfg) if cfg.mode == "eval" else job.training(cfg))
     if rc != 0:
         # Under -m a failed sweep point must not stop the others; a single run exits with its code.
         if _is_multirun():

@@ -37,9 +37,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from searchr1.config import RolloutConfig
+from searchr1.config import AgentConfig, SamplingConfig
 from searchr1.engines.base import Engine, Sampling
-from searchr1.reward import exact_match, f1, reward
+from searchr1.registry import PROMPTS
+from searchr1.reward import Score, exact_match, f1
 from searchr1.trajectory import Trajectory
 
 SEARCH_INSTRUCTION = (
@@ -75,7 +76,6 @@ DIRECT_EXAMPLE = (
     "Example:\nQuestion: Which city hosts the headquarters of the company that makes the iPhone?\n"
     "<think> The iPhone is made by Apple, which is headquartered in Cupertino. </think>\n"
     "<answer> Cupertino </answer>\n\n")
-PROMPT_STYLES = ("search_r1", "search_r1_example")
 
 
 def build_prompt(tokenizer, question: str, search: bool = True, style: str = "search_r1") -> list[int]:
@@ -83,8 +83,8 @@ def build_prompt(tokenizer, question: str, search: bool = True, style: str = "se
 
     style=search_r1_example adds one worked example before the question and opens the assistant turn with
     `<think>`; those prompt tokens are never trained on (the loss mask covers generated tokens only)."""
-    if style not in PROMPT_STYLES:
-        raise ValueError(f"rollout.prompt={style!r}: must be one of {PROMPT_STYLES}")
+    if style not in PROMPTS:
+        raise ValueError(f"agent.prompt={style!r}: must be one of {PROMPTS}")
     template = SEARCH_INSTRUCTION if search else DIRECT_INSTRUCTION
     if style == "search_r1_example":
         template = template.replace("Question: {question}",
@@ -145,6 +145,7 @@ class _Episode:
     logprobs: list[float] = field(default_factory=list)
     searches: int = 0
     turns: int = 0
+    turn_versions: list[int] = field(default_factory=list)  # weights version of each generated turn
     info_tokens: int = 0
     stop_reason: str = ""  # empty while the episode is still running
     prediction: str | None = None
@@ -154,7 +155,7 @@ class _Episode:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def _insert_info(ep: _Episode, head: list[int], body: list[int], tail: list[int], cfg: RolloutConfig) -> None:
+def _insert_info(ep: _Episode, head: list[int], body: list[int], tail: list[int], cfg: AgentConfig) -> None:
     room = min(cfg.max_info_tokens, cfg.max_context_tokens - ep.length())
     keep = room - len(head) - len(tail)
     if keep < 0:
@@ -174,13 +175,15 @@ def _end_without_action(ep: _Episode, finish_reason: str) -> None:
 
 
 def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Callable[[list[str]], list[str]],
-                 cfg: RolloutConfig, sampling: Sampling, policy_version: int, group_offset: int = 0
-                 ) -> tuple[list[Trajectory], dict[str, float]]:
+                 cfg: AgentConfig, sampling: Sampling, score: Score, version: Callable[[], int] = lambda: 0,
+                 group_offset: int = 0) -> tuple[list[Trajectory], dict[str, float]]:
     """`group_size` trajectories per question, all advanced together turn by turn.
 
     Each turn is one engine call over every running trajectory and at most one `retrieve` call over all of
-    their queries. `sampling.max_new_tokens` caps each turn (use `sampling_for(cfg)`); its stop strings are
+    their queries. `sampling.max_new_tokens` caps each turn (use `sampling_for`); its stop strings are
     replaced by the protocol's. Trajectory i*group_size+j is sample j of question i, in group group_offset+i.
+    `score(prediction, golds, well_formed)` is the reward. `version()` is asked before every turn: the weights
+    version that turn is generated with (a schedule may apply new weights between turns), recorded per turn.
     """
     if group_size < 1:
         raise ValueError(f"group_size={group_size!r}: must be >= 1")
@@ -203,6 +206,7 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
             break
         turn_sampling = replace(sampling, stop=list(STOPS),
                                 seed=None if sampling.seed is None else sampling.seed + turn * _SEED_STRIDE)
+        now = version()
         t0 = time.perf_counter()
         gens = engine.generate([ep.prompt_ids + ep.response_ids for ep in active], turn_sampling)
         generation_s += time.perf_counter() - t0
@@ -214,6 +218,7 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
             ep.loss_mask += [1] * len(ids)
             ep.logprobs += lps
             ep.turns += 1
+            ep.turn_versions.append(now)
             if len(ids) < len(gen.token_ids):
                 ep.stop_reason = "max_context"
                 continue
@@ -244,53 +249,59 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
             for (ep, _), ids in zip(searching, body_ids):
                 _insert_info(ep, head, ids, tail, cfg)
         turn += 1
-    trajectories = [_finish(ep, tok, cfg, policy_version) for ep in episodes]
+    trajectories = [_finish(ep, tok, score) for ep in episodes]
     return trajectories, rollout_metrics(trajectories, generation_s, retrieval_s, time.perf_counter() - started)
 
 
-def _finish(ep: _Episode, tok, cfg: RolloutConfig, policy_version: int) -> Trajectory:
-    well_formed = not ep.malformed
+def _finish(ep: _Episode, tok, score: Score) -> Trajectory:
     return Trajectory(
         qid=ep.qid, group=ep.group, prompt_ids=ep.prompt_ids, response_ids=ep.response_ids,
-        loss_mask=ep.loss_mask, logprobs=ep.logprobs,
-        reward=reward(ep.prediction, ep.answers, cfg.format_reward, well_formed),
+        loss_mask=ep.loss_mask, logprobs=ep.logprobs, reward=score(ep.prediction, ep.answers, not ep.malformed),
         em=exact_match(ep.prediction, ep.answers), f1=f1(ep.prediction, ep.answers), prediction=ep.prediction,
         answers=ep.answers, searches=ep.searches, turns=ep.turns, info_tokens=ep.info_tokens,
         stop_reason=ep.stop_reason, malformed=ep.malformed,
-        response_text=tok.decode(ep.response_ids, skip_special_tokens=False), policy_version=policy_version)
+        response_text=tok.decode(ep.response_ids, skip_special_tokens=False), turn_versions=ep.turn_versions)
 
 
-def sampling_for(cfg: RolloutConfig, greedy: bool = False, seed: int | None = None) -> Sampling:
-    """The rollout's sampling settings; greedy for evaluation."""
-    return Sampling(temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
-                    max_new_tokens=cfg.max_new_tokens, stop=list(STOPS), seed=seed)
+def sampling_for(agent: AgentConfig, sampling: SamplingConfig, greedy: bool = False, seed: int | None = None
+                 ) -> Sampling:
+    """The engine's sampling settings for one agent turn; greedy for evaluation."""
+    return Sampling(temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+                    max_new_tokens=agent.max_new_tokens, stop=list(STOPS), seed=seed)
 
 
-def rollout_metrics(trajs: list[Trajectory], generation_s: float, retrieval_s: float, total_s: float
-                    ) -> dict[str, float]:
-    """Means per trajectory, fractions per stop reason, counts per malformed rule; the same keys every step."""
+def trajectory_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Statistics of a set of trajectories, the same keys every time: `_total` keys are sums over the set, every
+    other one a mean per trajectory (fractions for stop reasons)."""
     n = max(len(trajs), 1)
     generated = sum(t.generated_tokens for t in trajs)
     m = {
-        "rollout/trajectories": float(len(trajs)),
+        "rollout/trajectories_total": float(len(trajs)),
+        "rollout/generated_tokens_total": float(generated),
         "rollout/reward": sum(t.reward for t in trajs) / n,
         "rollout/em": sum(t.em for t in trajs) / n,
         "rollout/f1": sum(t.f1 for t in trajs) / n,
         "rollout/answer_rate": sum(t.prediction is not None for t in trajs) / n,
         "rollout/searches": sum(t.searches for t in trajs) / n,
+        "rollout/searched_rate": sum(t.searches > 0 for t in trajs) / n,
         "rollout/turns": sum(t.turns for t in trajs) / n,
         "rollout/generated_tokens": generated / n,
         "rollout/info_tokens": sum(t.info_tokens for t in trajs) / n,
         "rollout/response_tokens": sum(len(t.response_ids) for t in trajs) / n,
         "rollout/truncated": sum(t.stop_reason in ("max_new_tokens", "max_context") for t in trajs) / n,
         "rollout/malformed_rate": sum(bool(t.malformed) for t in trajs) / n,
-        "rollout/generation_s": generation_s,
-        "rollout/retrieval_s": retrieval_s,
-        "rollout/total_s": total_s,
-        "rollout/generated_tokens_per_s": generated / total_s if total_s > 0 else 0.0,
     }
     for reason in STOP_REASONS:
         m[f"rollout/stop/{reason}"] = sum(t.stop_reason == reason for t in trajs) / n
     for rule in MALFORMED_RULES:
-        m[f"rollout/malformed/{rule}"] = float(sum(t.malformed.count(rule) for t in trajs))
+        m[f"rollout/malformed_total/{rule}"] = float(sum(t.malformed.count(rule) for t in trajs))
     return m
+
+
+def rollout_metrics(trajs: list[Trajectory], generation_s: float, retrieval_s: float, total_s: float
+                    ) -> dict[str, float]:
+    """`trajectory_metrics` plus the seconds the batch took (generating, retrieving, in all) and its speed."""
+    generated = sum(t.generated_tokens for t in trajs)
+    return {**trajectory_metrics(trajs), "rollout/generation_s": generation_s, "rollout/retrieval_s": retrieval_s,
+            "rollout/total_s": total_s,
+            "rollout/generated_tokens_per_s": generated / total_s if total_s > 0 else 0.0}

@@ -1,43 +1,35 @@
-"""Typed schemas for every config group.
+"""Typed schemas for every config group; each default is stated here and nowhere else.
 
-Hydra composes `conf/` into `Config` (launch.py registers it as the structured base, so a wrong type or an
-unknown key fails at composition). Range checks live in `__post_init__`: `OmegaConf.to_object` builds these
-dataclasses, so a bad value fails there, before anything starts, with a message naming the key and the value.
-The library takes these plain dataclasses; nothing below imports Hydra.
+Hydra composes `conf/` into `Config` (launch.py registers it as the structured base). The YAML files of a group
+hold only what their option changes; experiments override only what differs from these defaults. Range checks
+live in `__post_init__` (`OmegaConf.to_object` builds these dataclasses, so a bad value fails before anything
+starts, naming the key and the value); `unknown_keys` catches keys that no schema has, `+` additions included.
+Choice lists come from `searchr1.registry`. The library takes these plain dataclasses; nothing here imports Hydra.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+import difflib
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 
-
-class ConfigError(ValueError):
-    """A config value that is out of range; the message names the key and the value."""
-
-
-def _check(ok: bool, key: str, value, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r}: {why}")
-
-
-def _one_of(key: str, value, choices) -> None:
-    _check(value in choices, key, value, f"must be one of {sorted(choices)}")
+from searchr1 import registry
+from searchr1.checks import ConfigError, _check, _one_of, _positive
+from searchr1.cluster.config import ClusterConfig, SlurmConfig  # noqa: F401 (part of the schema)
 
 
 @dataclass
 class TinyModelConfig:
-    """A random Llama built from a config, with SmolLM2's real tokenizer (tests, CPU smoke runs)."""
+    """A random Llama built from a config, with SmolLM2's real tokenizer (tests, smoke runs)."""
 
     hidden_size: int = 64
     intermediate_size: int = 128
     num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    num_heads: int = 2  # head size 32: vLLM's CPU attention rejects 16
+    num_kv_heads: int = 1
     seed: int = 0
 
     def __post_init__(self):
-        for k in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
-            _check(getattr(self, k) > 0, f"model.tiny.{k}", getattr(self, k), "must be > 0")
+        _positive(self, "model.tiny", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
         _check(self.hidden_size % self.num_heads == 0, "model.tiny.hidden_size", self.hidden_size,
                f"must be divisible by num_heads={self.num_heads}")
         _check(self.num_heads % self.num_kv_heads == 0, "model.tiny.num_kv_heads", self.num_kv_heads,
@@ -51,13 +43,11 @@ class ModelConfig:
     # tiny: a random model from `tiny` with SmolLM2's tokenizer.
     source: str = "smollm2_gguf"
     path: str = ""
-    dtype: str = "bfloat16"
     cache_dir: str = "~/.cache/searchr1/models"
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
     def __post_init__(self):
         _one_of("model.source", self.source, {"hub", "smollm2_gguf", "tiny"})
-        _one_of("model.dtype", self.dtype, {"bfloat16", "float32"})
         _check(self.source != "hub" or bool(self.path), "model.path", self.path, "required when model.source=hub")
 
 
@@ -80,110 +70,166 @@ class DataConfig:
 
     def __post_init__(self):
         _check(len(self.train_files) > 0, "data.train_files", self.train_files, "needs at least one file")
-        _check(self.eval_size > 0, "data.eval_size", self.eval_size, "must be > 0")
-        _check(self.train_size >= 0, "data.train_size", self.train_size, "must be >= 0")
+        _positive(self, "data", "eval_size")
+        _positive(self, "data", "train_size", strict=False)
         _one_of("data.corpus_scope", self.corpus_scope, {"train", "train+eval"})
 
 
 @dataclass
-class RetrieverConfig:
-    backend: str = "bm25s"
+class BM25Config:
     k1: float = 1.5
     b: float = 0.75
     epsilon: float = 0.25  # rank_bm25's floor for negative idf, as a fraction of the mean idf
-    top_k: int = 3
     stopwords: str = "none"  # none | en
     max_query_words: int = 64
-    passage_max_tokens: int = 128  # per passage, in the policy tokenizer's tokens
-    cache_dir: str = "~/.cache/searchr1/bm25"
     rerank_depth: int = 16  # bm25s: float32 candidates per query, rescored exactly (float64) to give top_k
     threads: int = 0  # bm25s: threads for a batch of queries; 0 = every CPU this process may use
 
     def __post_init__(self):
-        _one_of("retriever.backend", self.backend, {"bm25s", "rank_bm25"})
-        _one_of("retriever.stopwords", self.stopwords, {"none", "en"})
-        _check(self.k1 > 0, "retriever.k1", self.k1, "must be > 0")
-        _check(0 <= self.b <= 1, "retriever.b", self.b, "must be in [0, 1]")
-        _check(self.epsilon >= 0, "retriever.epsilon", self.epsilon, "must be >= 0")
-        _check(self.top_k > 0, "retriever.top_k", self.top_k, "must be > 0")
-        _check(self.max_query_words > 0, "retriever.max_query_words", self.max_query_words, "must be > 0")
-        _check(self.passage_max_tokens > 0, "retriever.passage_max_tokens", self.passage_max_tokens, "must be > 0")
-        _check(self.rerank_depth > 0, "retriever.rerank_depth", self.rerank_depth, "must be > 0")
-        _check(self.threads >= 0, "retriever.threads", self.threads, "must be >= 0")
+        _one_of("retriever.bm25.stopwords", self.stopwords, {"none", "en"})
+        _positive(self, "retriever.bm25", "k1", "max_query_words", "rerank_depth")
+        _positive(self, "retriever.bm25", "epsilon", "threads", strict=False)
+        _check(0 <= self.b <= 1, "retriever.bm25.b", self.b, "must be in [0, 1]")
 
 
 @dataclass
-class RolloutConfig:
-    engine: str = "hf"  # hf | vllm
-    max_searches: int = 4  # search turns; one final turn without search follows
-    max_new_tokens: int = 256  # per turn
-    max_info_tokens: int = 512  # per <information> block
-    max_context_tokens: int = 4096  # prompt + everything generated and inserted
-    temperature: float = 1.0
-    top_p: float = 1.0
-    format_reward: float = 0.0  # added for a well-formed answer that is wrong; 0 = pure EM, as in Search-R1
-    search: bool = True  # false: the model answers directly (the no-retrieval baseline)
-    # search_r1: the paper's instruction; search_r1_example: plus one worked example and an opened <think>,
-    # for models too small to follow the bare instruction (see searchr1/agent.py)
-    prompt: str = "search_r1"
-    eval_batch_size: int = 64  # held-out questions per agent-loop batch (bounds the HF engine's KV cache)
-    # vLLM only
+class RetrieverConfig:
+    name: str = "bm25s"
+    top_k: int = 3
+    passage_max_tokens: int = 128  # per passage, in the policy tokenizer's tokens
+    cache_dir: str = "~/.cache/searchr1/index"
+    bm25: BM25Config = field(default_factory=BM25Config)  # the keys of the BM25 backends (bm25s, rank_bm25)
+
+    def __post_init__(self):
+        _one_of("retriever.name", self.name, registry.RETRIEVERS)
+        _positive(self, "retriever", "top_k", "passage_max_tokens")
+
+
+@dataclass
+class VLLMConfig:
     gpu_memory_utilization: float = 0.6
     kv_cache_gib: float = 1.0  # CPU backend's KV cache (VLLM_CPU_KVCACHE_SPACE)
     enforce_eager: bool = True
 
     def __post_init__(self):
-        _one_of("rollout.engine", self.engine, {"hf", "vllm"})
-        _one_of("rollout.prompt", self.prompt, {"search_r1", "search_r1_example"})
-        _check(self.max_searches >= 0, "rollout.max_searches", self.max_searches, "must be >= 0")
-        for k in ("max_new_tokens", "max_info_tokens", "max_context_tokens"):
-            _check(getattr(self, k) > 0, f"rollout.{k}", getattr(self, k), "must be > 0")
-        _check(self.temperature >= 0, "rollout.temperature", self.temperature, "must be >= 0")
-        _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "must be in (0, 1]")
-        _check(0 <= self.format_reward < 1, "rollout.format_reward", self.format_reward, "must be in [0, 1)")
-        _check(self.eval_batch_size > 0, "rollout.eval_batch_size", self.eval_batch_size, "must be > 0")
-        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
+        _check(0 < self.gpu_memory_utilization <= 1, "engine.vllm.gpu_memory_utilization",
                self.gpu_memory_utilization, "must be in (0, 1]")
-        _check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", self.kv_cache_gib, "must be > 0")
+        _positive(self, "engine.vllm", "kv_cache_gib")
+
+
+@dataclass
+class EngineConfig:
+    name: str = "hf"
+    # bf16 weights always (what weight sync writes); auto computes in bf16 only where the device does that fast
+    compute_dtype: str = "auto"
+    eval_batch_size: int = 64  # held-out questions per agent-loop batch (bounds the HF engine's KV cache)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+    def __post_init__(self):
+        _one_of("engine.name", self.name, registry.ENGINES)
+        _one_of("engine.compute_dtype", self.compute_dtype, registry.COMPUTE_DTYPES)
+        _positive(self, "engine", "eval_batch_size")
+
+
+@dataclass
+class AgentConfig:
+    """The Search-R1 protocol (searchr1/agent.py)."""
+
+    # search_r1: the paper's instruction; search_r1_example: plus one worked example and an opened <think>
+    prompt: str = "search_r1"
+    search: bool = True  # false: the direct-answer instruction, no search (the no-retrieval baseline)
+    max_searches: int = 4  # search turns; one final turn without search follows
+    max_new_tokens: int = 256  # per turn
+    max_info_tokens: int = 512  # per <information> block
+    max_context_tokens: int = 4096  # prompt + everything generated and inserted
+
+    def __post_init__(self):
+        _one_of("agent.prompt", self.prompt, registry.PROMPTS)
+        _positive(self, "agent", "max_searches", strict=False)
+        _positive(self, "agent", "max_new_tokens", "max_info_tokens", "max_context_tokens")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        _check(self.temperature >= 0, "sampling.temperature", self.temperature, "must be >= 0")
+        _check(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "must be in (0, 1]")
+
+
+@dataclass
+class RewardConfig:
+    name: str = "em"
+    format_score: float = 0.0  # a well-formed answer that scores 0 earns this; 0 = pure EM, as in Search-R1
+
+    def __post_init__(self):
+        _one_of("reward.name", self.name, registry.REWARDS)
+        _check(0 <= self.format_score < 1, "reward.format_score", self.format_score, "must be in [0, 1)")
 
 
 @dataclass
 class AlgoConfig:
+    """The training objective, chosen by `name`; optimizer and trainer mechanics are their own groups."""
+
     name: str = "grpo"
     group_size: int = 5
     questions_per_step: int = 16  # trajectories per step = questions_per_step * group_size
-    lr: float = 1e-6
-    warmup_steps: int = 0
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
     clip_eps: float = 0.2
     normalize_std: bool = True
     adv_eps: float = 1e-6
     loss_agg: str = "token_mean"  # token_mean | seq_mean
     kl_coef: float = 0.0  # > 0 loads a frozen reference model (Search-R1: 0.001, k3)
     kl_estimator: str = "k3"  # k1 | k2 | k3
-    micro_batch_tokens: int = 8192  # padded tokens per forward/backward; gradient accumulation beyond
     entropy_coef: float = 0.0
-    gradient_checkpointing: bool = False  # recompute layer activations in backward (3B on one GPU per replica)
 
     def __post_init__(self):
-        _one_of("algo.name", self.name, {"grpo"})
-        _check(self.group_size >= 2, "algo.group_size", self.group_size, "must be >= 2 (advantages are relative)")
-        _check(self.questions_per_step > 0, "algo.questions_per_step", self.questions_per_step, "must be > 0")
-        _check(self.lr > 0, "algo.lr", self.lr, "must be > 0")
-        _check(self.warmup_steps >= 0, "algo.warmup_steps", self.warmup_steps, "must be >= 0")
-        _check(self.weight_decay >= 0, "algo.weight_decay", self.weight_decay, "must be >= 0")
-        _check(len(self.betas) == 2 and all(0 <= x < 1 for x in self.betas), "algo.betas", self.betas,
-               "must be two values in [0, 1)")
-        _check(self.grad_clip > 0, "algo.grad_clip", self.grad_clip, "must be > 0")
+        _one_of("algo.name", self.name, registry.ALGORITHMS)
+        _check(self.group_size >= (2 if self.name == "grpo" else 1), "algo.group_size", self.group_size,
+               "must be >= 2 for grpo (advantages are relative)")
+        _positive(self, "algo", "questions_per_step", "adv_eps")
         _check(0 < self.clip_eps < 1, "algo.clip_eps", self.clip_eps, "must be in (0, 1)")
-        _check(self.adv_eps > 0, "algo.adv_eps", self.adv_eps, "must be > 0")
         _one_of("algo.loss_agg", self.loss_agg, {"token_mean", "seq_mean"})
-        _check(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, "must be >= 0")
+        _positive(self, "algo", "kl_coef", "entropy_coef", strict=False)
         _one_of("algo.kl_estimator", self.kl_estimator, {"k1", "k2", "k3"})
-        _check(self.micro_batch_tokens > 0, "algo.micro_batch_tokens", self.micro_batch_tokens, "must be > 0")
-        _check(self.entropy_coef >= 0, "algo.entropy_coef", self.entropy_coef, "must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        _positive(self, "optim", "lr", "grad_clip")
+        _positive(self, "optim", "warmup_steps", "weight_decay", strict=False)
+        _check(len(self.betas) == 2 and all(0 <= x < 1 for x in self.betas), "optim.betas", self.betas,
+               "must be two values in [0, 1)")
+
+
+@dataclass
+class TrainerConfig:
+    micro_batch_tokens: int = 8192  # padded tokens per forward/backward; gradient accumulation beyond
+    gradient_checkpointing: bool = False  # recompute layer activations in backward (3B on one GPU per replica)
+    compute_dtype: str = "auto"  # fp32 master weights; autocast to bf16 where the device computes it fast
+
+    def __post_init__(self):
+        _positive(self, "trainer", "micro_batch_tokens")
+        _one_of("trainer.compute_dtype", self.compute_dtype, registry.COMPUTE_DTYPES)
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "sync"
+    max_lag: int = 0  # policy versions a trained trajectory may be behind the weights it is trained into
+
+    def __post_init__(self):
+        _one_of("schedule.name", self.name, registry.SCHEDULES)
+        _check((self.max_lag == 0) == (self.name == "sync") and self.max_lag >= 0, "schedule.max_lag",
+               self.max_lag, f"must be 0 for sync and >= 1 otherwise (schedule.name={self.name})")
 
 
 @dataclass
@@ -194,66 +240,7 @@ class SyncConfig:
 
     def __post_init__(self):
         _one_of("sync.method", self.method, {"delta", "full"})
-        _check(self.bucket_mb > 0, "sync.bucket_mb", self.bucket_mb, "must be > 0")
-
-
-@dataclass
-class SlurmConfig:
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    constraint: str = ""
-    time_min: int = 240
-    cpus_per_task: int = 8
-    mem_per_task_gb: int = 64
-    trainer_nodes: int = 1  # 1 keeps both trainer GPUs on one node (gang, NVLink)
-    rollout_nodes: int = 2
-    gpus_per_task: int = 1
-    submit: bool = True  # false: write the script into the run folder and stop (a dry run)
-    wait: bool = False  # block until the job ends (tests, scripts); Hydra multirun submits without waiting
-    python: str = ""  # interpreter on the nodes; empty: the one running launch.py
-    setup: list[str] = field(default_factory=list)  # shell lines before srun (module load ...)
-    poll_s: int = 5  # seconds between state queries while waiting for the job
-    # After sbatch accepts the job, watch it this long for a pending reason that never clears
-    # (BadConstraints, PartitionTimeLimit, a per-job QOS limit...): such a job is cancelled and reported.
-    check_s: int = 5
-    port_range: list[int] = field(default_factory=lambda: [20000, 32000])  # [lo, hi): MASTER_PORT from the job id
-    signal_delay_s: int = 90  # USR2 this long before the time limit: submitit checkpoints and requeues
-    max_timeouts: int = 3  # requeues after a time-out before the job is let die
-
-    def __post_init__(self):
-        for k in ("time_min", "cpus_per_task", "mem_per_task_gb", "trainer_nodes", "rollout_nodes", "gpus_per_task",
-                  "poll_s"):
-            _check(getattr(self, k) > 0, f"cluster.slurm.{k}", getattr(self, k), "must be > 0")
-        for k in ("check_s", "signal_delay_s", "max_timeouts"):
-            _check(getattr(self, k) >= 0, f"cluster.slurm.{k}", getattr(self, k), "must be >= 0")
-        _check(len(self.port_range) == 2 and 1024 <= self.port_range[0] < self.port_range[1] <= 65536,
-               "cluster.slurm.port_range", self.port_range, "must be [lo, hi) with 1024 <= lo < hi <= 65536")
-
-
-@dataclass
-class ClusterConfig:
-    backend: str = "local"  # local | slurm
-    trainer_ranks: int = 2
-    rollout_ranks: int = 2
-    # GPUs a backend may hand out; local backend on a CPU machine: 0 (gloo, every rank on the CPU).
-    gpus: int = 0
-    timeout_s: int = 600  # a collective waiting longer than this ends the job instead of hanging it
-    port: int = 0  # rendezvous port; 0: a free port (local) or one derived from the job id (Slurm)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-
-    def __post_init__(self):
-        _one_of("cluster.backend", self.backend, {"local", "slurm"})
-        _check(self.trainer_ranks >= 1, "cluster.trainer_ranks", self.trainer_ranks, "must be >= 1")
-        _check(self.rollout_ranks >= 1, "cluster.rollout_ranks", self.rollout_ranks, "must be >= 1")
-        _check(self.gpus >= 0, "cluster.gpus", self.gpus, "must be >= 0")
-        if self.gpus > 0:
-            _check(self.trainer_ranks <= self.gpus, "cluster.trainer_ranks", self.trainer_ranks,
-                   f"more trainer ranks than GPUs (cluster.gpus={self.gpus})")
-            _check(self.trainer_ranks + self.rollout_ranks <= self.gpus, "cluster.rollout_ranks",
-                   self.rollout_ranks,
-                   f"trainer_ranks + rollout_ranks exceeds cluster.gpus={self.gpus} (one GPU per rank)")
-        _check(self.timeout_s > 0, "cluster.timeout_s", self.timeout_s, "must be > 0")
+        _positive(self, "sync", "bucket_mb")
 
 
 @dataclass
@@ -283,26 +270,73 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self):
         _one_of("mode", self.mode, {"train", "eval"})
-        _check(self.steps >= 0, "steps", self.steps, "must be >= 0")
-        _check(self.eval_every >= 0, "eval_every", self.eval_every, "must be >= 0")
-        _check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "must be >= 0")
+        _positive(self, "", "steps", "eval_every", "checkpoint_every", strict=False)
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
         _check(self.algo.questions_per_step >= self.cluster.rollout_ranks, "algo.questions_per_step",
                self.algo.questions_per_step,
                f"fewer questions than rollout ranks (cluster.rollout_ranks={self.cluster.rollout_ranks})")
+        # The temperature contract (searchr1/engines/base.py): engines report the behaviour log-prob of each
+        # sampled token under the model's temperature-1, untruncated distribution, and the trainer recomputes
+        # exactly that. Sampling from another distribution would make every PPO ratio silently off-policy.
+        if self.mode == "train" and self.algo.name == "grpo":
+            for key, value in (("sampling.temperature", self.sampling.temperature),
+                               ("sampling.top_p", self.sampling.top_p)):
+                _check(math.isclose(value, 1.0), key, value,
+                       "training samples at temperature 1 and top_p 1: the engines' behaviour log-probs are "
+                       "those of the untempered distribution, so any other value would make the update "
+                       "off-policy without correction (see searchr1/engines/base.py)")
+
+
+def _leaves(schema, prefix: str = "") -> list[str]:
+    out = []
+    for f in fields(schema):
+        sub = f.default_factory
+        out += _leaves(sub, f"{prefix}{f.name}.") if is_dataclass(sub) else [f"{prefix}{f.name}"]
+    return out
+
+
+def unknown_keys(node, schema=Config, prefix: str = "") -> list[str]:
+    """Keys of the mapping `node` that the dataclass `schema` does not have, each with the nearest valid one,
+    in the same group or, for a key that moved, in another (`+algo.lrr=3` is added by Hydra even to a structured
+    config; this is what refuses it)."""
+    names = {f.name: f for f in fields(schema)}
+    out = []
+    for key in node:
+        if key == "hydra":
+            continue
+        full = f"{prefix}{key}"
+        if key not in names:
+            near = [prefix + n for n in difflib.get_close_matches(str(key), list(names), n=1, cutoff=0.75)]
+            near = near or [p for p in _leaves(Config)
+                            if difflib.get_close_matches(str(key), [p.rsplit(".", 1)[-1]], cutoff=0.75)][:1]
+            out.append(full + (f" (did you mean {near[0]}?)" if near else ""))
+            continue
+        sub, value = names[key].default_factory, node[key]
+        if is_dataclass(sub) and hasattr(value, "keys"):
+            out += unknown_keys(value, sub, f"{full}.")
+    return out
 
 
 def from_dict(d: dict) -> Config:
     """Rebuild a Config from a resolved dict (a run folder's config.yaml), re-running every check."""
     from omegaconf import OmegaConf
 
+    bad = unknown_keys(d)
+    if bad:
+        raise ConfigError(f"unknown config keys: {', '.join(bad)}")
     schema = OmegaConf.structured(Config)
     return OmegaConf.to_object(OmegaConf.merge(schema, d))

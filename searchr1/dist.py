@@ -1,8 +1,13 @@
-"""One torch.distributed world for every role: rank, role, process groups and timeouts.
+"""One torch.distributed world for every role: rank, role, the job's store, process groups and timeouts.
 
 The cluster backends (local processes, a Slurm het job) only have to set the usual environment variables
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; everything else follows from the global rank.
 World layout: trainer ranks 0..T-1, then rollout ranks T..T+R-1.
+
+Trainer rank 0 hosts the job's TCPStore on MASTER_PORT. torch.distributed rendezvous through it (under a
+prefix of its own), and the step protocol's transfers and every heartbeat travel on it (searchr1/protocol.py,
+searchr1/liveness.py), so the collectives below carry tensors only: DDP between trainers and the weight
+broadcast from trainer 0 to the rollouts.
 """
 from __future__ import annotations
 
@@ -46,16 +51,22 @@ class Topology:
         """Who takes part in a weight publication: the publishing trainer (rank 0) and every rollout rank."""
         return [0] + self.rollout_ranks
 
+    def member(self, rank: int | None = None) -> str:
+        """A rank's name on the store (heartbeats, failures)."""
+        return f"rank{self.rank if rank is None else rank}"
+
+    def describe(self, member: str) -> str:
+        """'rank 3 (rollout)' for 'rank3'; other members (elastic workers) as they are."""
+        if member.startswith("rank") and member[4:].isdigit():
+            r = int(member[4:])
+            return f"rank {r} ({'trainer' if r < self.n_trainer else 'rollout'})"
+        return member
+
 
 @dataclass
 class Groups:
-    """Process groups. `ctrl` is gloo over the whole world: Python objects (trajectories, metrics) and
-    barriers go there even on GPU clusters, so NCCL carries tensors only."""
-
     trainer: dist.ProcessGroup  # DDP between trainer replicas
     sync: dist.ProcessGroup  # weight publication: trainer 0 + rollout ranks
-    ctrl: dist.ProcessGroup  # gloo, world
-    trainer_ctrl: dist.ProcessGroup  # gloo, trainer ranks: the step's trajectories fan out here
     device: torch.device
 
 
@@ -67,7 +78,7 @@ def topology_from_env(n_trainer: int) -> Topology:
 
 
 def device_for_rank() -> torch.device:
-    """One GPU per task: the backend restricts CUDA_VISIBLE_DEVICES (Slurm --gpus-per-task=1) or LOCAL_RANK picks."""
+    """One GPU per task: the backend restricts CUDA_VISIBLE_DEVICES or LOCAL_RANK picks among those visible."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     n = torch.cuda.device_count()
@@ -76,21 +87,25 @@ def device_for_rank() -> torch.device:
     return torch.device("cuda", idx)
 
 
-def init(topo: Topology, timeout_s: int) -> Groups:
-    """Join the world (env:// rendezvous) and build the role groups. Every rank must call this."""
+def connect_store(host: bool, timeout_s: float = 300.0) -> dist.TCPStore:
+    """The job's store on MASTER_ADDR:MASTER_PORT: hosted here when `host` (trainer rank 0), else a client
+    connection. It accepts any number of clients (heartbeat threads; elastic workers)."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(addr, port, None, host, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def init(topo: Topology, store, collective_timeout_s: int) -> Groups:
+    """Join the world through `store` and build the role groups. Every rank must call this."""
     device = device_for_rank()
     backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(backend=backend, rank=topo.rank, world_size=topo.world, timeout=timeout)
+    timeout = datetime.timedelta(seconds=collective_timeout_s)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore("pg", store), rank=topo.rank,
+                            world_size=topo.world, timeout=timeout)
     # new_group is collective: every rank creates every group, in the same order.
     trainer = dist.new_group(topo.trainer_ranks, backend=backend, timeout=timeout)
     sync = dist.new_group(topo.sync_ranks, backend=backend, timeout=timeout)
-    if backend == "gloo":
-        ctrl, trainer_ctrl = dist.group.WORLD, trainer
-    else:
-        ctrl = dist.new_group(list(range(topo.world)), backend="gloo", timeout=timeout)
-        trainer_ctrl = dist.new_group(topo.trainer_ranks, backend="gloo", timeout=timeout)
-    return Groups(trainer=trainer, sync=sync, ctrl=ctrl, trainer_ctrl=trainer_ctrl, device=device)
+    return Groups(trainer=trainer, sync=sync, device=device)
 
 
 def shutdown() -> None:

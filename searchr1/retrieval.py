@@ -33,6 +33,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -109,8 +110,9 @@ def corpus_hash(passages: list[dict]) -> str:
 
 def _settings(cfg: RetrieverConfig) -> dict:
     """Everything the saved index depends on (query-time knobs such as top_k are left out)."""
-    return {"format": FORMAT_VERSION, "backend": cfg.backend, "k1": cfg.k1, "b": cfg.b, "epsilon": cfg.epsilon,
-            "tokenizer": tokenizer_signature(cfg.stopwords)}
+    b = cfg.bm25
+    return {"format": FORMAT_VERSION, "backend": cfg.name, "k1": b.k1, "b": b.b, "epsilon": b.epsilon,
+            "tokenizer": tokenizer_signature(b.stopwords)}
 
 
 class Index:
@@ -135,7 +137,7 @@ class Index:
         if not isinstance(k, int) or k <= 0:
             raise ValueError(f"k={k!r}: must be a positive int")
         t0 = time.perf_counter()
-        tokens = [tokenize(q, self.cfg.stopwords)[: self.cfg.max_query_words] for q in queries]
+        tokens = [tokenize(q, self.cfg.bm25.stopwords)[: self.cfg.bm25.max_query_words] for q in queries]
         hits = self._top_k(tokens, min(k, len(self.passages)))
         out = [[Passage(pid, self.passages[pid]["title"], self.passages[pid]["text"], score) for pid, score in h]
                for h in hits]
@@ -172,8 +174,8 @@ class RankBM25Index(Index):
         from rank_bm25 import BM25Okapi
 
         # one string object per distinct word: rank_bm25 keeps a dict per passage, keyed by these
-        corpus = [[sys.intern(w) for w in tokenize(_doc_text(p), cfg.stopwords)] for p in passages]
-        return cls(passages, cfg, BM25Okapi(corpus, k1=cfg.k1, b=cfg.b, epsilon=cfg.epsilon))
+        corpus = [[sys.intern(w) for w in tokenize(_doc_text(p), cfg.bm25.stopwords)] for p in passages]
+        return cls(passages, cfg, BM25Okapi(corpus, k1=cfg.bm25.k1, b=cfg.bm25.b, epsilon=cfg.bm25.epsilon))
 
     def _top_k(self, tokens, k):
         pids = np.arange(len(self.passages))
@@ -208,17 +210,17 @@ class BM25sIndex(Index):
     def build(cls, passages, cfg):
         import bm25s
 
-        words = (tokenize(_doc_text(p), cfg.stopwords) for p in passages)
+        words = (tokenize(_doc_text(p), cfg.bm25.stopwords) for p in passages)
         vocab, tok_n, len_d = bm25.count_tokens(words, len(passages))
         if not vocab:
             raise ValueError("passages: no passage has a single word; nothing to index")
         term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, len(vocab))
         del tok_n
-        idf_v = bm25.okapi_idf(np.diff(indptr_v), len(passages), cfg.epsilon)
-        score_z = bm25.okapi_scores(idf_v, term_z, doc_z, tf_z, len_d, cfg.k1, cfg.b)
+        idf_v = bm25.okapi_idf(np.diff(indptr_v), len(passages), cfg.bm25.epsilon)
+        score_z = bm25.okapi_scores(idf_v, term_z, doc_z, tf_z, len_d, cfg.bm25.k1, cfg.bm25.b)
         del term_z
         # method/idf_method are bm25s's labels only: the scores are computed above, not by bm25s.index()
-        bm = bm25s.BM25(k1=cfg.k1, b=cfg.b, method="atire", idf_method="atire", backend="numpy")
+        bm = bm25s.BM25(k1=cfg.bm25.k1, b=cfg.bm25.b, method="atire", idf_method="atire", backend="numpy")
         bm.scores = {"data": score_z.astype(np.float32), "indices": doc_z, "indptr": indptr_v,
                      "num_docs": len(passages)}
         bm.vocab_dict = vocab
@@ -232,8 +234,8 @@ class BM25sIndex(Index):
         out: list[list[tuple[int, float]]] = [[] for _ in tokens]
         if not live:
             return out
-        depth = min(max(k, self.cfg.rerank_depth), len(self.passages))
-        threads = min(self.cfg.threads or len(os.sched_getaffinity(0)), len(live))
+        depth = min(max(k, self.cfg.bm25.rerank_depth), len(self.passages))
+        threads = min(self.cfg.bm25.threads or len(os.sched_getaffinity(0)), len(live))
         s = self.bm.scores
 
         def run(chunk):
@@ -246,7 +248,8 @@ class BM25sIndex(Index):
             q_ptr = np.cumsum([0] + [len(ids[i]) for i in chunk], dtype=np.int64)
             q_ids = np.array([t for i in chunk for t in ids[i]], dtype=np.int64)
             exact_qc = bm25.rescore_exact(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], self.tf_z,
-                                          self.len_d, self.idf_v, float(self.cfg.k1), float(self.cfg.b), self.avgdl)
+                                          self.len_d, self.idf_v, float(self.cfg.bm25.k1), float(self.cfg.bm25.b),
+                                          self.avgdl)
             for row, i in enumerate(chunk):
                 out[i] = _rank(cand_qc[row], exact_qc[row], k)
 
@@ -283,15 +286,16 @@ class BM25sIndex(Index):
         return cls(passages, cfg, bm, tf_z, len_d, idf_v)
 
 
-_BACKENDS = {c.backend: c for c in (RankBM25Index, BM25sIndex)}
+def _backend(cfg: RetrieverConfig) -> type[Index]:
+    from searchr1.registry import RETRIEVERS, resolve
+
+    return resolve(RETRIEVERS, cfg.name, "retriever.name")
 
 
 def build_index(passages: list[dict], cfg: RetrieverConfig) -> Index:
-    """Index `passages` (dicts with 'title' and 'text') in memory with the backend `cfg.backend`."""
+    """Index `passages` (dicts with 'title' and 'text') in memory with the backend `cfg.name`."""
     _check_passages(passages)
-    if cfg.backend not in _BACKENDS:
-        raise ValueError(f"retriever.backend={cfg.backend!r}: must be one of {sorted(_BACKENDS)}")
-    return _BACKENDS[cfg.backend].build(passages, cfg)
+    return _backend(cfg).build(passages, cfg)
 
 
 def _sha256_file(path: str) -> str:
@@ -335,7 +339,7 @@ def load_index(path: str, passages: list[dict], cfg: RetrieverConfig, corpus_sha
         if not isinstance(meta, dict) or os.path.getsize(fp) != meta.get("size") or _sha256_file(fp) != meta.get(
                 "sha256"):
             raise IndexCorrupt(f"{fp}: damaged (size/sha256 differ from the manifest)")
-    return _BACKENDS[cfg.backend].load(path, passages, cfg, manifest)
+    return _backend(cfg).load(path, passages, cfg, manifest)
 
 
 @contextmanager
@@ -359,12 +363,12 @@ def load_or_build(passages: list[dict], cfg: RetrieverConfig, cache_dir: str | N
     os.makedirs(root, exist_ok=True)
     sha = corpus_hash(passages)
     key = hashlib.sha256(json.dumps([sha, _settings(cfg)], sort_keys=True).encode()).hexdigest()[:24]
-    final = os.path.join(root, f"{cfg.backend}-{key}")
+    final = os.path.join(root, f"{cfg.name}-{key}")
     with _locked(final + ".lock"):
         if os.path.isdir(final):
             try:
                 index = load_index(final, passages, cfg, sha)
-                log.info("retrieval: loaded %s index of %d passages from %s", cfg.backend, len(passages), final)
+                log.info("retrieval: loaded %s index of %d passages from %s", cfg.name, len(passages), final)
                 return index
             except IndexCorrupt as e:
                 log.warning("retrieval: cached index rejected, rebuilding: %s", e)
@@ -379,9 +383,16 @@ def load_or_build(passages: list[dict], cfg: RetrieverConfig, cache_dir: str | N
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        log.info("retrieval: built %s index of %d passages in %.1f s into %s", cfg.backend, len(passages),
+        log.info("retrieval: built %s index of %d passages in %.1f s into %s", cfg.name, len(passages),
                  time.perf_counter() - t0, final)
         return load_index(final, passages, cfg, sha)
+
+
+def make_retrieve(index: Index, tokenizer, cfg: RetrieverConfig) -> Callable[[list[str]], list[str]]:
+    """The agent's search tool: one batched call per turn, each hit list as Search-R1's information text."""
+    def retrieve(queries: list[str]) -> list[str]:
+        return [format_passages(p, tokenizer, cfg.passage_max_tokens) for p in index.search(queries, cfg.top_k)]
+    return retrieve
 
 
 def format_passages(passages: list[Passage], tokenizer, max_tokens: int) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from typing import Callable, Optional
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -61,16 +62,42 @@ def f1(pred: str | None, golds: list[str] | str) -> float:
     return max(_f1_one(p, normalize_answer(g)) for g in golds)
 
 
-def reward(pred: str | None, golds: list[str] | str, format_reward: float = 0.0, well_formed: bool = True) -> float:
+Score = Callable[[Optional[str], list, bool], float]  # (prediction, gold aliases, well formed) -> reward
+
+
+def em_reward(pred: str | None, golds: list[str] | str, format_score: float = 0.0, well_formed: bool = True) -> float:
     """Exact match of the final answer (Search-R1's outcome reward).
 
-    A wrong answer earns `format_reward` when it was well formed (an <answer> given, no malformed-output rule
-    broken); no answer earns 0. With format_reward=0 (the default) this is pure EM.
+    A wrong answer earns `format_score` when it was well formed (an <answer> given, no malformed-output rule
+    broken); no answer earns 0. With format_score=0 (the default) this is pure EM.
     """
-    if not 0.0 <= format_reward < 1.0:
-        raise ValueError(f"format_reward={format_reward!r}: must be in [0, 1) so that a correct answer scores most")
+    _check_format_score(format_score)
     if pred is None:
         return 0.0
     if exact_match(pred, golds):
         return 1.0
-    return format_reward if well_formed else 0.0
+    return format_score if well_formed else 0.0
+
+
+def f1_reward(pred: str | None, golds: list[str] | str, format_score: float = 0.0, well_formed: bool = True) -> float:
+    """Token F1 of the final answer; a well-formed answer sharing no token with the gold earns `format_score`."""
+    _check_format_score(format_score)
+    if pred is None:
+        return 0.0
+    score = f1(pred, golds)
+    return score if score > 0 else (format_score if well_formed else 0.0)
+
+
+def _check_format_score(format_score: float) -> None:
+    if not 0.0 <= format_score < 1.0:
+        raise ValueError(f"reward.format_score={format_score!r}: must be in [0, 1) so that a correct answer "
+                         "scores most")
+
+
+def make_score(name: str, format_score: float) -> Score:
+    """The reward `reward.name` selects (searchr1.registry.REWARDS), with its format score bound."""
+    from searchr1.registry import REWARDS, resolve
+
+    fn = resolve(REWARDS, name, "reward.name")
+    _check_format_score(format_score)
+    return lambda pred, golds, well_formed: fn(pred, golds, format_score, well_formed)

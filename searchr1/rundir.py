@@ -5,9 +5,10 @@ Layout:
   git.json           commit, dirty flag, branch
   submit.sbatch      the generated Slurm script (Slurm backend)
   logs/rank{R}.log   one log per rank
-  metrics.jsonl      one line per step (and per evaluation), written by rank 0
+  metrics.jsonl      one line per step (and per evaluation), written by rank 0 (searchr1/metrics.py)
+  progress.log       one line per step and per evaluation batch: what the console shows
   predictions/       held-out predictions per evaluation
-  checkpoints/       trainer checkpoints; `latest` names the newest complete one
+  checkpoints/       trainer checkpoints; `latest` names the newest complete one (searchr1/checkpoint.py)
   status.json        how the job ended (backend)
 """
 from __future__ import annotations
@@ -64,6 +65,13 @@ def load_config(run_dir: str | Path) -> Config:
     return from_dict(OmegaConf.to_container(OmegaConf.load(Path(run_dir) / "config.yaml")))
 
 
+def progress(run_dir: Path, line: str) -> None:
+    """Append one line to the run's progress log (any rank; one write of a short line is atomic)."""
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    with open(Path(run_dir) / "progress.log", "a", encoding="utf-8") as f:
+        f.write(f"{stamp} {line}\n")
+
+
 def write_status(run_dir: Path, **fields) -> None:
     """Merge fields into status.json (atomic replace: a reader never sees half a file)."""
     path = Path(run_dir) / "status.json"
@@ -99,29 +107,32 @@ def export(run_dir: str | Path, dest: str | Path) -> Path:
 
 
 def summary_markdown(cfg: Config, records: list[dict], name: str) -> str:
-    train = [r for r in records if r.get("kind") == "train"]
-    evals = [r for r in records if r.get("kind") == "eval"]
+    from searchr1 import metrics as K
+
+    train = [r for r in records if r.get(K.KIND) == K.TRAIN]
+    evals = [r for r in records if r.get(K.KIND) == K.EVAL]
 
     def mean(key, rows=train):
         vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
         return sum(vals) / len(vals) if vals else float("nan")
 
     lines = [f"# {name}", "",
-             f"`python launch.py +experiment={cfg.experiment} sync={cfg.sync.method}` — model {cfg.model.name}, "
-             f"{cfg.cluster.trainer_ranks} trainer + {cfg.cluster.rollout_ranks} rollout ranks ({cfg.cluster.backend}), "
-             f"{cfg.steps} steps of {cfg.algo.questions_per_step} questions x {cfg.algo.group_size} samples, "
-             f"rollout engine {cfg.rollout.engine}. Numbers below are read from `metrics.jsonl`.", "",
-             "## Held-out evaluation", "", "| after step | EM | EM % | F1 | searches/question |", "|---|---|---|---|---|"]
-    lines += [f"| {e['step']} | {e['eval/em_count']}/{e['eval/n']} | {100 * e['eval/em']:.1f} | {e['eval/f1']:.3f} | "
-              f"{e['eval/searches']:.2f} |" for e in evals]
+             f"`python launch.py +experiment={cfg.experiment}` (sync={cfg.sync.method}, schedule={cfg.schedule.name}) "
+             f"- model {cfg.model.name}, {cfg.cluster.trainer_ranks} trainer + {cfg.cluster.rollout_ranks} rollout "
+             f"ranks ({cfg.cluster.backend}), {cfg.steps} steps of {cfg.algo.questions_per_step} questions x "
+             f"{cfg.algo.group_size} samples, engine {cfg.engine.name}. Numbers below are read from `metrics.jsonl`.",
+             "", "## Held-out evaluation", "",
+             "| after step | EM | EM % | F1 | searched | searches/question |", "|---|---|---|---|---|---|"]
+    lines += [f"| {e[K.STEP]} | {e[K.EVAL_EM_COUNT]}/{e[K.EVAL_N]} | {100 * e[K.EVAL_EM]:.1f} | {e[K.EVAL_F1]:.3f} | "
+              f"{100 * e.get(K.EVAL_SEARCHED_RATE, float('nan')):.0f}% | {e[K.EVAL_SEARCHES]:.2f} |" for e in evals]
     lines += ["", "## Per step (mean over steps)", "", "| metric | value |", "|---|---|"]
-    rows = [("seconds per step", mean("time/step_s")), ("reward", mean("reward")),
-            ("searches per trajectory", mean("searches")), ("weight bytes broadcast per step", mean("sync/bytes")),
-            ("bytes of a full export", mean("sync/full_bytes")), ("changed fraction", mean("sync/changed_frac")),
-            ("useful-work fraction", mean("useful_work_fraction"))]
+    rows = [("seconds per step", mean(K.STEP_S)), ("reward", mean(K.REWARD)),
+            ("searches per trajectory", mean(K.SEARCHES)), ("weight bytes broadcast per step", mean(K.SYNC_BYTES)),
+            ("bytes of a full export", mean(K.SYNC_FULL_BYTES)), ("changed fraction", mean(K.SYNC_CHANGED_FRAC)),
+            ("useful-work fraction", mean(K.USEFUL_FRACTION))]
     rows += [(f"{k[5:-2]} s (mean over the role's ranks)", mean(k))
              for k in sorted({k for r in train for k in r if k.startswith("time/") and k.endswith("_s")})
-             if k != "time/step_s"]
+             if k != K.STEP_S]
     lines += [f"| {k} | {v:.4g} |" for k, v in rows]
     return "\n".join(lines) + "\n"
 

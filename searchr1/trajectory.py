@@ -27,13 +27,20 @@ class Trajectory:
     stop_reason: str = ""  # answer | eos | max_searches | max_new_tokens | max_context | malformed
     malformed: list[str] = field(default_factory=list)  # rule names from agent.py, one per occurrence
     response_text: str = ""  # decoded, for logs and predictions only
-    policy_version: int = 0
+    # The weights version of each generated turn, as the publications the rollout applied said: a schedule
+    # may run behind the trainer, or apply new weights between turns. Empty for scripted trajectories.
+    turn_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         n = len(self.response_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(f"trajectory {self.qid}: response_ids ({n}), loss_mask ({len(self.loss_mask)}) "
                              f"and logprobs ({len(self.logprobs)}) must have the same length")
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest weights any of its turns was generated with: what its lag is measured from."""
+        return min(self.turn_versions) if self.turn_versions else -1
 
     @property
     def generated_tokens(self) -> int:

@@ -11,8 +11,9 @@ submitit (1.5.4) has no heterogeneous jobs. This module extends it only where it
   and sacct labels the components `N+0`, `N+1` (submitit looks for `N` and waits forever). So each task's own
   shell names its log `logs/rank$SLURM_PROCID.log`, and `HetWatcher` folds the `N+k` rows into N, reading
   `squeue --states=all` when the cluster keeps no accounting.
-- `RankTask` is what every task runs: torch.distributed's variables from Slurm's, then `entry(cfg, run_dir)`.
-  A requeued job runs the same call again; the entry resumes from the run folder's last checkpoint by itself.
+- `RankTask` is what every task runs: torch.distributed's variables from Slurm's, then the job's entry
+  (searchr1/cluster/job.py). A requeued job runs the same call again; the entry resumes from the run folder's
+  last checkpoint by itself. A job of one group (mode=eval) is a plain job: no `hetjob` line, no het step.
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 from submitit.core.utils import JobPaths
 from submitit.helpers import DelayedSubmission
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob, SlurmJobEnvironment
 
+from searchr1.cluster.job import Job
 from searchr1.config import ClusterConfig, Config, SlurmConfig
 from searchr1.rundir import REPO_ROOT
 
@@ -59,9 +61,12 @@ class Component:
     nodes: int
 
 
-def components(cluster: ClusterConfig) -> tuple[Component, Component]:
-    return (Component(0, "trainer", 0, cluster.trainer_ranks, cluster.slurm.trainer_nodes),
-            Component(1, "rollout", cluster.trainer_ranks, cluster.rollout_ranks, cluster.slurm.rollout_nodes))
+def components(job: Job) -> list[Component]:
+    out, first = [], 0
+    for i, g in enumerate(job.groups):
+        out.append(Component(i, g.role, first, g.tasks, g.nodes))
+        first += g.tasks
+    return out
 
 
 def component_options(cluster: ClusterConfig, comp: Component) -> dict[str, object]:
@@ -95,8 +100,9 @@ def task_command(python: str, folder: Path) -> str:
     return f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
 
 
-def render_script(cfg: Config, run_dir: Path, command: str) -> str:
-    """The batch script: job-wide options, the two het components, setup lines, one srun over both groups."""
+def render_script(cfg: Config, run_dir: Path, command: str, job: Job) -> str:
+    """The batch script: job-wide options, the het components, setup lines, the job's preparation (caches built
+    once, before any task starts), one srun over every group."""
     run_dir = Path(run_dir)
     logs = run_dir / "logs"
     c = cfg.cluster
@@ -105,7 +111,8 @@ def render_script(cfg: Config, run_dir: Path, command: str) -> str:
     lines = ["#!/bin/bash",
              f"# searchr1 run {run_dir}: one heterogeneous job (written by searchr1.cluster.slurm)",
              *_sbatch_lines(job_wide)]
-    for comp in components(c):
+    comps = components(job)
+    for comp in comps:
         if comp.group:
             lines.append("#SBATCH hetjob")
         last = comp.first_rank + comp.tasks - 1
@@ -115,17 +122,22 @@ def render_script(cfg: Config, run_dir: Path, command: str) -> str:
         lines += ["", "# setup (cluster.slurm.setup)", *c.slurm.setup]
     # the task's shell expands $SLURM_PROCID; srun's own %t would add the het group index
     per_task = f"exec {command} >> {shlex.quote(str(logs))}/rank${{SLURM_PROCID}}.log 2>&1"
+    groups = f" --het-group=0-{len(comps) - 1}" if len(comps) > 1 else ""
+    python = python_command(c.slurm)
     lines += ["",
               "export SUBMITIT_EXECUTOR=slurm",
               f"export PYTHONPATH={shlex.quote(str(REPO_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
-              "# one step over both het groups: one global rank per task, trainer ranks first;",
+              "# caches every task loads (model export, index, kernel), built once before any task starts",
+              f"{python} -m searchr1.cluster.job prepare {shlex.quote(str(run_dir))} {shlex.quote(job.prepare)} "
+              f">> {shlex.quote(str(logs))}/prepare.log 2>&1 || exit 1" if job.prepare else "",
+              "# one step over every group: one global rank per task, in group order;",
               "# one task failing ends them all",
-              f"srun --het-group=0-1 --kill-on-bad-exit=1 bash -c {shlex.quote(per_task)}",
+              f"srun{groups} --kill-on-bad-exit=1 bash -c {shlex.quote(per_task)}",
               ""]
     return "\n".join(lines)
 
 
-def batch_script(cfg: Config, run_dir: Path) -> str:
+def batch_script(cfg: Config, run_dir: Path, job: Job) -> str:
     """What HetSlurmExecutor submits for run_dir, rendered without Slurm (a dry run writes it too)."""
     command = task_command(python_command(cfg.cluster.slurm), Path(run_dir) / SUBMITIT_DIR)
     return render_script(cfg, run_dir, command)
@@ -147,22 +159,23 @@ def job_port(job_id: str, port_range: list[int]) -> int:
     return lo + int(job_id) % (hi - lo)
 
 
-def rank_env(slurm: Mapping[str, str], cluster: ClusterConfig) -> dict[str, str]:
-    """torch.distributed's environment for one task of the het step, from Slurm's variables.
+def rank_env(slurm: Mapping[str, str], cluster: ClusterConfig, job: Job) -> dict[str, str]:
+    """torch.distributed's environment for one task of the step, from Slurm's variables.
 
-    World: trainer ranks then rollout ranks, as Slurm numbers a `--het-group=0-1` step. Rendezvous on the first
-    host of group 0 (the rank 0 task). Refuses a step whose shape differs from the config's: a run never starts
-    with fewer trainers than asked for."""
+    World: the job's groups in order, as Slurm numbers a `--het-group=0-k` step. Rendezvous on the first host
+    of group 0 (the rank 0 task). Refuses a step whose shape differs from the job's: a run never starts with
+    fewer trainers than asked for."""
+    het = len(job.groups) > 1
     try:
         rank, world = int(slurm["SLURM_PROCID"]), int(slurm["SLURM_NTASKS"])
-        group0 = int(slurm["SLURM_NTASKS_HET_GROUP_0"])
-        nodes0, job_id = slurm["SLURM_JOB_NODELIST_HET_GROUP_0"], slurm["SLURM_JOB_ID"]
+        group0 = int(slurm["SLURM_NTASKS_HET_GROUP_0"]) if het else world
+        nodes0 = slurm["SLURM_JOB_NODELIST_HET_GROUP_0" if het else "SLURM_JOB_NODELIST"]
+        job_id = slurm["SLURM_JOB_ID"]
     except KeyError as missing:
-        raise RuntimeError(f"not a task of a heterogeneous Slurm step: {missing} is not set") from None
-    if group0 != cluster.trainer_ranks or world != cluster.trainer_ranks + cluster.rollout_ranks:
-        raise RuntimeError(
-            f"het step has {group0} group-0 tasks of {world}; the config asks for cluster.trainer_ranks="
-            f"{cluster.trainer_ranks} + cluster.rollout_ranks={cluster.rollout_ranks}")
+        raise RuntimeError(f"not a task of the expected Slurm step: {missing} is not set") from None
+    if group0 != job.groups[0].tasks or world != job.world:
+        raise RuntimeError(f"the step has {group0} group-0 tasks of {world}; the job asks for "
+                           + " + ".join(f"{g.tasks} {g.role}" for g in job.groups))
     port = cluster.port or job_port(job_id, cluster.slurm.port_range)
     # torch would start one thread per core of the node, whatever Slurm gave the task
     threads = slurm.get("OMP_NUM_THREADS") or slurm.get("SLURM_CPUS_PER_TASK", "1")
@@ -174,22 +187,22 @@ def rank_env(slurm: Mapping[str, str], cluster: ClusterConfig) -> dict[str, str]
 class RankTask:
     """The pickled call every task runs (the same in every task; the rank comes from the environment)."""
 
-    entry: Callable[[Config, Path], None]
+    job: Job
     cfg: Config
     run_dir: Path
 
     def __call__(self):
-        env = rank_env(os.environ, self.cfg.cluster)
+        env = rank_env(os.environ, self.cfg.cluster, self.job)
         os.environ.update(env)
         # after a requeue, this rank's result from the previous run would pass for this run's (job.done())
         JobPaths(os.environ["SUBMITIT_FOLDER"], os.environ["SLURM_JOB_ID"], int(env["RANK"])).result_pickle.unlink(
             missing_ok=True)
-        role = "trainer" if int(env["RANK"]) < self.cfg.cluster.trainer_ranks else "rollout"
+        role = self.job.role(int(env["RANK"]))
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         print(f"[slurm] job {os.environ['SLURM_JOB_ID']} restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: "
               f"rank {env['RANK']}/{env['WORLD_SIZE']} ({role}) on {node}, "
               f"rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']}", flush=True)
-        return self.entry(self.cfg, self.run_dir)
+        return self.job.call(self.cfg, self.run_dir)
 
     def checkpoint(self) -> DelayedSubmission:
         """submitit calls this in task 0 on USR2 (preemption, time limit), then requeues the job: the requeued
@@ -282,8 +295,8 @@ class HetSlurmExecutor(SlurmExecutor):
 
     job_class = HetSlurmJob
 
-    def __init__(self, cfg: Config, run_dir: Path) -> None:
-        self._cfg, self._run_dir = cfg, Path(run_dir)
+    def __init__(self, cfg: Config, run_dir: Path, job: Job) -> None:
+        self._cfg, self._run_dir, self._job = cfg, Path(run_dir), job
         s = cfg.cluster.slurm
         super().__init__(self._run_dir / SUBMITIT_DIR, max_num_timeout=s.max_timeouts, python=python_command(s))
         # submitit's time-out logic reads the limit from here
@@ -295,7 +308,7 @@ class HetSlurmExecutor(SlurmExecutor):
         return task_command(self.python, self.folder)
 
     def _num_tasks(self) -> int:
-        return self._cfg.cluster.trainer_ranks + self._cfg.cluster.rollout_ranks
+        return self._job.world
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return render_script(self._cfg, self._run_dir, command)
+        return render_script(self._cfg, self._run_dir, command, self._job)

@@ -1,8 +1,16 @@
 """Local backend: every rank a process on this machine, the same roles and code path as a Slurm job.
 
-Each rank runs `python -m searchr1.cluster.local RUN_DIR` with the torch.distributed environment set, so it
-reads the resolved config back from the run folder exactly as a Slurm task does. Like `srun
---kill-on-bad-exit=1`, the first rank to fail takes the others down: no rank can hang the job.
+- Before any rank starts, the job's `prepare` runs here once (model export, index, kernel), so that ranks
+  only load warm caches and nothing is built inside a collective.
+- Each rank runs `python -m searchr1.cluster.local RUN_DIR ENTRY` in its own session, with the
+  torch.distributed environment, its own cores (searchr1/placement.py: affinity and as many threads as cores),
+  and reads the resolved config back from the run folder exactly as a Slurm task does.
+- Like `srun --kill-on-bad-exit=1`, the first rank to fail takes the others down and is named; a rank that
+  hangs without dying is caught inside the job by the heartbeat liveness (searchr1/liveness.py).
+- Stop means stop: SIGTERM, SIGHUP and SIGINT to the launcher end every process of every rank (children
+  included), record CANCELLED, and exit 128 + the signal.
+- The console shows the run's progress log (one line per step and per evaluation batch); everything else
+  stays in logs/rank{R}.log.
 """
 from __future__ import annotations
 
@@ -13,12 +21,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
+from searchr1 import placement
+from searchr1.cluster.job import Job
 from searchr1.config import Config
 from searchr1.rundir import REPO_ROOT, load_config, write_status
 
 POLL_S = 0.2
+GRACE_S = 10.0  # from SIGTERM to SIGKILL for a rank that does not exit by itself
 
 
 def free_port() -> int:
@@ -27,92 +37,155 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, world: int, port: int, threads: int) -> dict:
+def rank_env(rank: int, world: int, port: int, cores: list[int]) -> dict:
     env = dict(os.environ)
+    threads = str(len(cores))
     env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+               MASTER_PORT=str(port), OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return env
 
 
-def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+def _descendants(pids: list[int]) -> list[int]:
+    """Every live process below `pids` (a rank's children may start sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(pids)
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _signal(leaders: list[int], others: list[int], sig: int) -> None:
+    for pid in leaders + others:
+        try:
+            # a rank leads its own session: its process group holds what it started, unless they left it
+            os.killpg(pid, sig) if pid in leaders else os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def terminate(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+    """End every rank and everything it started: SIGTERM, then SIGKILL for what is left after `grace_s`."""
+    leaders = [p.pid for p in procs]
+    others = _descendants(leaders)
+    _signal(leaders, others, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for p in procs:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            pass
+    _signal(leaders, others + _descendants(leaders), signal.SIGKILL)
+    for p in procs:
+        p.wait()
 
 
-def _echo(log: Path, offset: int) -> int:
-    """Print what rank 0 logged since `offset`: the console shows the run's progress."""
+def _echo(path: Path, offset: int) -> int:
+    """Print what the progress log gained since `offset` (whole lines only)."""
     try:
-        with open(log, "rb") as f:
+        with open(path, "rb") as f:
             f.seek(offset)
             chunk = f.read()
     except FileNotFoundError:
         return offset
-    if chunk:
-        sys.stdout.write(chunk.decode(errors="replace"))
+    end = chunk.rfind(b"\n") + 1
+    if end:
+        sys.stdout.write(chunk[:end].decode(errors="replace"))
         sys.stdout.flush()
-    return offset + len(chunk)
+    return offset + end
 
 
-def launch(cfg: Config, run_dir: Path, entry: Callable | None = None, echo: bool = True) -> int:
-    """Run every rank to completion; returns 0, or the exit code of the first rank that failed.
-
-    `entry` is accepted for symmetry with the Slurm backend; local ranks always run `run_rank` through
-    this module's __main__ (a fresh interpreter per rank, as on a cluster)."""
-    world = cfg.cluster.trainer_ranks + cfg.cluster.rollout_ranks
-    port = cfg.cluster.port or free_port()
-    # The two roles mostly take turns (synchronous RL), so each role may use every core while it works.
-    threads = max(1, (os.cpu_count() or 1) // max(cfg.cluster.trainer_ranks, cfg.cluster.rollout_ranks))
-    logs = Path(run_dir) / "logs"
-    logs.mkdir(exist_ok=True)
-    procs = []
-    for rank in range(world):
-        out = open(logs / f"rank{rank}.log", "ab")
-        procs.append(subprocess.Popen([sys.executable, "-m", "searchr1.cluster.local", str(run_dir)],
-                                      env=rank_env(rank, world, port, threads), stdout=out,
-                                      stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True))
-        out.close()
-    write_status(run_dir, backend="local", state="RUNNING", pids=[p.pid for p in procs], port=port)
-    offset, failed = 0, None
+def _last_error(log: Path) -> str:
     try:
-        while True:
-            if echo:
-                offset = _echo(logs / "rank0.log", offset)
-            codes = [p.poll() for p in procs]
-            # A rank killed by a signal is the cause; ranks that exit 1 in the same instant only saw their
-            # peer vanish. Otherwise the lowest failed rank.
-            bad = sorted((c >= 0, r) for r, c in enumerate(codes) if c not in (None, 0))
-            failed = bad[0][1] if bad else None
-            if failed is not None or all(c == 0 for c in codes):
-                break
-            time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        _terminate(procs, grace_s=5)
-        write_status(run_dir, state="CANCELLED", exit_codes=[p.returncode for p in procs])
-        raise
-    if failed is not None:
-        _terminate(procs, grace_s=5)
-    if echo:
-        _echo(logs / "rank0.log", offset)
+        lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return next((x for x in reversed(lines) if "Error" in x or "Lost" in x or "failed" in x), lines[-1] if lines else "")
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
+    """Run every rank of `job` to completion; returns 0, or the exit code of the first rank that failed."""
+    run_dir = Path(run_dir)
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+
+    def on_signal(signum, frame):
+        raise _Stopped(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    procs: list[subprocess.Popen] = []
+    roles = [job.role(r) for r in range(job.world)]
+    try:
+        write_status(run_dir, backend="local", state="PREPARING")
+        job.run_prepare(cfg, run_dir)
+        world, port = job.world, cfg.cluster.port or free_port()
+        plan = placement.cpu_plan([g.tasks for g in job.groups], placement.allowed_cpus(), cfg.cluster.placement)
+        print(f"[local] {world} ranks: {placement.describe(plan, roles)}", flush=True)
+        for rank in range(world):
+            out = open(logs / f"rank{rank}.log", "ab")
+            procs.append(subprocess.Popen([sys.executable, "-m", "searchr1.cluster.local", str(run_dir), job.entry],
+                                          env=rank_env(rank, world, port, plan[rank]), stdout=out,
+                                          stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
+                                          preexec_fn=lambda c=plan[rank]: os.sched_setaffinity(0, c)))
+            out.close()
+        write_status(run_dir, state="RUNNING", pids=[p.pid for p in procs], port=port, cores=plan, roles=roles)
+        failed = _watch(procs, run_dir, echo)
+    except _Stopped as stop:
+        terminate(procs)
+        name = signal.Signals(stop.signum).name
+        write_status(run_dir, state="CANCELLED", signal=name, exit_codes=[p.returncode for p in procs])
+        print(f"[local] {name}: every rank ended; run folder {run_dir}", file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
     codes = [p.returncode for p in procs]
     if failed is None:
         write_status(run_dir, state="COMPLETED", exit_codes=codes)
         return 0
-    write_status(run_dir, state="FAILED", failed_rank=failed, exit_codes=codes)
-    print(f"rank {failed} failed with exit code {codes[failed]}; see {logs / f'rank{failed}.log'}", file=sys.stderr)
+    log = logs / f"rank{failed}.log"
+    reason = _last_error(log)
+    write_status(run_dir, state="FAILED", failed_rank=failed, failed_role=roles[failed], exit_codes=codes,
+                 reason=reason)
+    print(f"rank {failed} ({roles[failed]}) failed with exit code {codes[failed]}: {reason}\n  see {log}",
+          file=sys.stderr)
     return codes[failed] if codes[failed] > 0 else 1
 
 
-if __name__ == "__main__":
-    from searchr1.loop import run_rank
+def _watch(procs: list[subprocess.Popen], run_dir: Path, echo: bool) -> int | None:
+    """Poll until every rank exits 0 (None) or one fails (its rank; the others are then ended)."""
+    offset = 0
+    while True:
+        if echo:
+            offset = _echo(run_dir / "progress.log", offset)
+        codes = [p.poll() for p in procs]
+        # A rank killed by a signal is the cause; ranks that exit 1 in the same instant only saw their
+        # peer vanish. Otherwise the lowest failed rank.
+        bad = sorted((c >= 0, r) for r, c in enumerate(codes) if c not in (None, 0))
+        if bad or all(c == 0 for c in codes):
+            if bad:
+                terminate(procs)
+            if echo:
+                _echo(run_dir / "progress.log", offset)
+            return bad[0][1] if bad else None
+        time.sleep(POLL_S)
 
+
+if __name__ == "__main__":
     run_dir = Path(sys.argv[1])
-    run_rank(load_config(run_dir), run_dir)
+    Job(sys.argv[2], ()).call(load_config(run_dir), run_dir)

@@ -16,13 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from submitit.core.utils import FailedJobError, JobPaths, pickle_load
 
 from searchr1.cluster.hetjob import (ENDED, SUBMITIT_DIR, UNFINISHED, HetSlurmExecutor, HetSlurmJob, RankTask,
                                      batch_script, combined_state, components, first_host, job_port,
                                      merge_components, rank_env, render_script)
+from searchr1.cluster.job import Job
 from searchr1.config import Config
 from searchr1.rundir import load_config, write_status
 
@@ -64,7 +64,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
-def check_fits(cfg: Config) -> None:
+def check_fits(cfg: Config, job: Job) -> None:
     """Refuse what sbatch accepts but can never start: het components never share a node, so a job needing
     more nodes than its partition has pends forever ("Resources"). Everything else is left to sbatch."""
     if shutil.which("sbatch") is None:
@@ -74,12 +74,13 @@ def check_fits(cfg: Config) -> None:
     out = _run(["sinfo", "--noheader", "--Node", "--format=%N|%P"])
     nodes = {node for node, _, part in (line.partition("|") for line in out.stdout.splitlines())
              if (part.rstrip("*") == s.partition if s.partition else part.endswith("*"))}
-    need = s.trainer_nodes + s.rollout_nodes
+    need = sum(g.nodes for g in job.groups)
     if nodes and need > len(nodes):
         where = f"partition {s.partition!r}" if s.partition else "the default partition"
         raise SubmissionError(
-            f"cluster.slurm.trainer_nodes={s.trainer_nodes} + cluster.slurm.rollout_nodes={s.rollout_nodes} "
-            f"nodes needed, {where} has {len(nodes)}; het components never share a node")
+            f"{' + '.join(f'{g.nodes} ({g.role})' for g in job.groups)} nodes needed "
+            f"(cluster.slurm.trainer_nodes, rollout_nodes), {where} has {len(nodes)}; het components never "
+            "share a node")
 
 
 def _reject_if_hopeless(job_id: str, check_s: int) -> None:
@@ -97,28 +98,28 @@ def _reject_if_hopeless(job_id: str, check_s: int) -> None:
         time.sleep(1)
 
 
-def submit(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) -> HetSlurmJob:
+def submit(cfg: Config, run_dir: Path, job: Job) -> HetSlurmJob:
     """Submit the het job; returns submitit's job (`results()`, `cancel()`, `task(r).stdout()` work).
     Raises SubmissionError with Slurm's reason when the request cannot be satisfied."""
     run_dir = Path(run_dir).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     try:
-        check_fits(cfg)
-        executor = HetSlurmExecutor(cfg, run_dir)
-        (run_dir / SCRIPT_FILE).write_text(batch_script(cfg, run_dir))
+        check_fits(cfg, job)
+        executor = HetSlurmExecutor(cfg, run_dir, job)
+        (run_dir / SCRIPT_FILE).write_text(batch_script(cfg, run_dir, job))
         try:
             # submitit also prints sbatch's refusal to stderr; the error below carries it once
             with contextlib.redirect_stderr(io.StringIO()):
-                job = executor.submit(RankTask(entry, cfg, run_dir))
+                submitted = executor.submit(RankTask(job, cfg, run_dir))
         except FailedJobError as err:
             raise SubmissionError(f"sbatch rejected the job for {run_dir}:\n{str(err).strip()}") from None
-        record(run_dir, job_id=job.job_id, state="PENDING", submitted_at=_now(), script=SCRIPT_FILE,
-               components=[vars(c) for c in components(cfg.cluster)])
-        _reject_if_hopeless(job.job_id, cfg.cluster.slurm.check_s)
+        record(run_dir, job_id=submitted.job_id, state="PENDING", submitted_at=_now(), script=SCRIPT_FILE,
+               components=[vars(c) for c in components(job)])
+        _reject_if_hopeless(submitted.job_id, cfg.cluster.slurm.check_s)
     except SubmissionError as err:
         record(run_dir, state="REJECTED", reason=str(err), ended_at=_now())
         raise
-    return job
+    return submitted
 
 
 def _failed_ranks(run_dir: Path, job_id: str, world: int) -> list[int]:
@@ -151,7 +152,7 @@ def wait(run_dir: Path, poll_s: int = 5) -> int:
     return 0 if state == "COMPLETED" and not failed else 1
 
 
-def launch(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) -> int:
+def launch(cfg: Config, run_dir: Path, job: Job) -> int:
     """The Slurm backend of launch.py. cluster.slurm.submit=false writes run_dir/submit.sbatch and stops;
     wait=true blocks until the job ends (0: completed); otherwise prints the job id and returns 0.
     A request the cluster cannot satisfy returns 2 after printing Slurm's reason."""
@@ -159,17 +160,16 @@ def launch(cfg: Config, run_dir: Path, entry: Callable[[Config, Path], None]) ->
     s = cfg.cluster.slurm
     if not s.submit:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / SCRIPT_FILE).write_text(batch_script(cfg, run_dir))
+        (run_dir / SCRIPT_FILE).write_text(batch_script(cfg, run_dir, job))
         print(f"[slurm] dry run (cluster.slurm.submit=false): wrote {run_dir / SCRIPT_FILE}", flush=True)
         return 0
     try:
-        job = submit(cfg, run_dir, entry)
+        submitted = submit(cfg, run_dir, job)
     except SubmissionError as err:
         print(f"[slurm] not submitted: {err}", file=sys.stderr, flush=True)
         return 2
-    n0, n1 = cfg.cluster.trainer_ranks, cfg.cluster.rollout_ranks
-    print(f"[slurm] submitted het job {job.job_id} ({n0} trainer + {n1} rollout tasks); logs in "
-          f"{run_dir / 'logs'}", flush=True)
+    shape = " + ".join(f"{g.tasks} {g.role}" for g in job.groups)
+    print(f"[slurm] submitted job {submitted.job_id} ({shape} tasks); logs in {run_dir / 'logs'}", flush=True)
     return wait(run_dir, s.poll_s) if s.wait else 0
 
 

@@ -1,26 +1,16 @@
-"""Rollout engines behind one interface (`base.Engine`): transformers (`hf`) and vLLM (`vllm`)."""
+"""Rollout engines behind one interface (`base.Engine`), chosen by `engine.name` (searchr1.registry.ENGINES)."""
 from __future__ import annotations
 
-import torch
-
-from searchr1.config import ModelConfig, RolloutConfig
+from searchr1.config import EngineConfig, ModelConfig
 from searchr1.engines.base import Engine, Generation, Sampling
 
 
-def make_engine(model_cfg: ModelConfig, rollout_cfg: RolloutConfig, device: str | torch.device = "cpu") -> Engine:
-    """The engine `rollout_cfg.engine` names, holding the policy in bf16 (the dtype weight sync writes)."""
-    from searchr1 import models
+def make_engine(model_cfg: ModelConfig, engine_cfg: EngineConfig, max_model_len: int, device="cpu") -> Engine:
+    """The engine `engine_cfg.name` names, its weights in bf16 (what weight sync writes); `max_model_len` bounds
+    prompt plus generation (agent.max_context_tokens)."""
+    from searchr1.registry import ENGINES, resolve
 
-    if rollout_cfg.engine == "hf":
-        from searchr1.engines.hf import HFEngine
-
-        model, tokenizer = models.load_model(model_cfg, dtype=torch.bfloat16)
-        return HFEngine(model, tokenizer, device)
-    if rollout_cfg.engine == "vllm":
-        from searchr1.engines.vllm import VLLMEngine
-
-        return VLLMEngine(models.model_dir(model_cfg), rollout_cfg, device)
-    raise ValueError(f"rollout.engine={rollout_cfg.engine!r}: must be hf or vllm")
+    return resolve(ENGINES, engine_cfg.name, "engine.name")(model_cfg, engine_cfg, max_model_len, device)
 
 
 __all__ = ["Engine", "Generation", "Sampling", "make_engine"]

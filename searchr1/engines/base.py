@@ -1,8 +1,10 @@
 """The engine interface: token ids in, token ids and log-probs out, live weights exposed for in-place sync.
 
-Both engines report, for every generated token, its log-probability under the model's own distribution at
-temperature 1 (log-softmax of the raw logits, before temperature and top-p): that is the behaviour log-prob the
-trainer compares its recomputed log-probs with, whatever temperature the rollout sampled at.
+The temperature contract, stated here once: both engines report, for every generated token, its log-probability
+under the model's own distribution at temperature 1 (log-softmax of the raw logits, before temperature and
+top-p), and the trainer recomputes exactly that quantity. It is the behaviour log-prob of the sample only when
+sampling is itself at temperature 1 and top_p 1, so training refuses any other sampling setting
+(searchr1/config.py); greedy evaluation is free to use temperature 0.
 
 Seeds: a batch with `seed=s` gives prompt i the seed s+i, so that identical prompts in a GRPO group still draw
 different samples while a rerun with the same seed reproduces the batch.
@@ -60,6 +62,33 @@ class Engine(Protocol):
         """HF parameter name -> a bf16 tensor of the HF shape that aliases the engine's live weights (tied
         weights under their first name only). Writing into a view in place changes the next generate()."""
         ...
+
+
+class Bf16Mirror:
+    """bf16 copies of an engine's compute weights, for an engine that computes in fp32.
+
+    Weight sync writes bf16 bits in place; `views()` are those bf16 tensors (HF names and shapes). Before each
+    generation `refresh()` copies every view that was written since into its fp32 compute tensor: bf16 -> fp32
+    is exact, so the engine computes with exactly the published weights. In-place writes bump a tensor's
+    version counter, which is how a written view is found without comparing values."""
+
+    def __init__(self, compute: dict[str, torch.Tensor]):
+        self.compute = compute
+        self.masters = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in compute.items()}
+        self.seen = {name: t._version for name, t in self.masters.items()}
+
+    def views(self) -> dict[str, torch.Tensor]:
+        return self.masters
+
+    def refresh(self) -> int:
+        """Copy the written masters into the compute tensors; returns how many were copied."""
+        copied = 0
+        for name, t in self.masters.items():
+            if t._version != self.seen[name]:
+                self.compute[name].copy_(t)
+                self.seen[name] = t._version
+                copied += 1
+        return copied
 
 
 def check_prompts(prompts: list[list[int]], vocab_size: int) -> None:

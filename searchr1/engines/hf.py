@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from searchr1.engines.base import Generation, Sampling, check_prompts
+from searchr1.engines.base import Bf16Mirror, Generation, Sampling, check_prompts
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -40,10 +40,28 @@ def _sample_b(logits_bv: torch.Tensor, sampling: Sampling, generators: list[torc
     return torch.cat([torch.multinomial(probs_bv[i], 1, generator=g) for i, g in enumerate(generators)])
 
 
+def build(model_cfg, engine_cfg, max_model_len: int, device="cpu") -> "HFEngine":
+    """The `engine.name=hf` factory: the policy in bf16, computing in `engine.compute_dtype`."""
+    import logging
+
+    from searchr1 import models, placement
+
+    device = torch.device(device)
+    dtype, why = placement.compute_dtype(engine_cfg.compute_dtype, device)
+    logging.getLogger(__name__).info("hf engine computes in %s (%s)", dtype, why)
+    model, tokenizer = models.load_model(model_cfg, dtype=torch.bfloat16)
+    # .float() only where asked: .to(bfloat16) would also cast fp32 buffers (rotary inv_freq) and move the
+    # numbers the engine computes
+    return HFEngine(model.float() if dtype == torch.float32 else model, tokenizer, device)
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
+        # fp32 compute keeps bf16 masters for weight sync (exact: the fp32 weights are bf16 values)
+        fp32 = next(self.model.parameters()).dtype == torch.float32
+        self.mirror = Bf16Mirror(dict(self.model.named_parameters())) if fp32 else None
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
@@ -58,6 +76,8 @@ class HFEngine:
 
     def weight_views(self) -> dict[str, torch.Tensor]:
         # named_parameters lists a tied weight once, under its first name (the input embedding).
+        if self.mirror is not None:
+            return self.mirror.views()
         views = {name: p.data for name, p in self.model.named_parameters()}
         bad = {n: v.dtype for n, v in views.items() if v.dtype != torch.bfloat16}
         if bad:
@@ -69,6 +89,8 @@ class HFEngine:
         if not prompts:
             return []
         check_prompts(prompts, self.vocab_size)
+        if self.mirror is not None:
+            self.mirror.refresh()
         n, width = len(prompts), max(len(p) for p in prompts)
         ids_bt = torch.full((n, width), self.pad_id, dtype=torch.long)
         mask_bt = torch.zeros((n, width), dtype=torch.long)

@@ -22,6 +22,11 @@
   rank: its collectives short-circuit) and our groups are untouched.
 - Log-probs: `logprobs=0` returns the sampled token's log-prob under the raw (temperature-1, pre-top-p)
   distribution, vLLM's default `raw_logprobs` mode.
+- Precision: weights are always published in bf16. Where the CPU has no bf16 instructions the engine loads them
+  as fp32 (exact) and keeps bf16 masters for weight sync (`Bf16Mirror`), copied into the fp32 weights before the
+  next generation.
+- vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process, so threads are set
+  before the process starts (OMP_NUM_THREADS and the CPU affinity the launcher gives each rank).
 """
 from __future__ import annotations
 
@@ -34,8 +39,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from searchr1.config import RolloutConfig
-from searchr1.engines.base import Generation, Sampling, check_prompts
+from searchr1.config import EngineConfig
+from searchr1.engines.base import Bf16Mirror, Generation, Sampling, check_prompts
 
 
 def _plain_linear(x, weight, bias):
@@ -98,11 +103,11 @@ def _shutdown_core(core, vllm_pg) -> None:
         c10d._world.default_pg = ours
 
 
-def _set_env(rollout_cfg: RolloutConfig, on_cpu: bool) -> None:
+def _set_env(engine_cfg: EngineConfig, on_cpu: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if on_cpu:
         # vLLM's CPU backend reads whole GiB only: round up so that the cache is never smaller than asked.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(rollout_cfg.kv_cache_gib))
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(engine_cfg.vllm.kv_cache_gib))
 
 
 def _hf_param_shapes(model_path: str) -> dict[str, torch.Size]:
@@ -140,18 +145,29 @@ def map_views(hf_shapes: dict[str, torch.Size], engine_params: dict[str, torch.T
             raise ValueError(f"HF parameter {name} {tuple(shape)} does not fit rows [{offset}:{offset + shape[0]}] "
                              f"of engine parameter {target} {tuple(param.shape)}")
         view = param.narrow(0, offset, shape[0])
-        if not view.is_contiguous() or view.dtype != torch.bfloat16:
-            raise ValueError(f"engine parameter {target} is not a contiguous bf16 tensor ({view.dtype}); "
+        if not view.is_contiguous() or view.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"engine parameter {target} is not a contiguous bf16/fp32 tensor ({view.dtype}); "
                              "in-place weight writes need one")
         views[name] = view
     return views
 
 
+def build(model_cfg, engine_cfg: EngineConfig, max_model_len: int, device="cpu") -> "VLLMEngine":
+    """The `engine.name=vllm` factory: the policy in bf16, computing in `engine.compute_dtype`."""
+    import logging
+
+    from searchr1 import models, placement
+
+    dtype, why = placement.compute_dtype(engine_cfg.compute_dtype, torch.device(device))
+    logging.getLogger(__name__).info("vllm engine computes in %s (%s)", dtype, why)
+    return VLLMEngine(models.model_dir(model_cfg), engine_cfg, device, max_model_len, dtype)
+
+
 class VLLMEngine:
-    def __init__(self, model_path: str, rollout_cfg: RolloutConfig, device: str | torch.device = "cpu",
-                 max_model_len: int | None = None):
+    def __init__(self, model_path: str, engine_cfg: EngineConfig, device: str | torch.device = "cpu",
+                 max_model_len: int = 4096, dtype: torch.dtype = torch.bfloat16):
         device = torch.device(device)
-        _set_env(rollout_cfg, device.type == "cpu")
+        _set_env(engine_cfg, device.type == "cpu")
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -163,11 +179,11 @@ class VLLMEngine:
             _shield_llvmlite()
         elif device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
-        self.max_model_len = max_model_len or rollout_cfg.max_context_tokens
-        kwargs = dict(model=model_path, dtype="bfloat16", enforce_eager=rollout_cfg.enforce_eager, seed=0,
-                      max_model_len=self.max_model_len)
+        self.max_model_len = max_model_len
+        kwargs = dict(model=model_path, dtype=str(dtype).removeprefix("torch."), seed=0,
+                      enforce_eager=engine_cfg.vllm.enforce_eager, max_model_len=self.max_model_len)
         if not current_platform.is_cpu():
-            kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+            kwargs["gpu_memory_utilization"] = engine_cfg.vllm.gpu_memory_utilization
         holder: dict = {}
         with _private_default_group(holder):
             self.llm = LLM(**kwargs)
@@ -179,6 +195,7 @@ class VLLMEngine:
         self.model_path = model_path
         self.vocab_size = len(self.tokenizer)
         self._views: dict[str, torch.Tensor] | None = None
+        self._mirror: Bf16Mirror | None = None
         self._views_version = 0
 
     def _model(self):
@@ -187,8 +204,12 @@ class VLLMEngine:
     def weight_views(self) -> dict[str, torch.Tensor]:
         if self._views is None:
             model = self._model()
-            self._views = map_views(_hf_param_shapes(self.model_path), dict(model.named_parameters()),
-                                    getattr(model, "packed_modules_mapping", {}))
+            live = map_views(_hf_param_shapes(self.model_path), dict(model.named_parameters()),
+                             getattr(model, "packed_modules_mapping", {}))
+            if next(iter(live.values())).dtype == torch.float32:
+                self._mirror = Bf16Mirror(live)
+                live = self._mirror.views()
+            self._views = live
             self._views_version = self._version()
         return self._views
 
@@ -198,6 +219,8 @@ class VLLMEngine:
     def _drop_stale_prefix_cache(self) -> None:
         version = self._version()
         if version != self._views_version:
+            if self._mirror is not None:
+                self._mirror.refresh()
             if not self.llm.reset_prefix_cache():
                 raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
             self._views_version = version

@@ -1,31 +1,30 @@
-"""The trainer role: a policy in fp32 master weights, AdamW, DDP over the trainer replicas, checkpoints.
+"""The learner: a policy in fp32 master weights, AdamW, DDP over the trainer replicas, micro-batches.
 
-Every trainer rank receives the same full list of the step's trajectories. Advantages and the loss
-denominators come from that full list, so each replica only has to train on its shard: with DDP averaging
-the gradients, the update equals that of one replica on the whole batch (to float tolerance), whatever the
-sharding and the micro-batching. The trainer publishes bf16 copies of its weights and knows nothing about
-how they travel.
+Every trainer rank holds the same full list of the step's trajectories. The algorithm's per-trajectory
+coefficients and the loss denominators come from that full list, so each replica only has to train on its
+shard: with DDP averaging the gradients, the update equals that of one replica on the whole batch (to float
+tolerance), whatever the sharding and the micro-batching. The objective itself is the algorithm's
+(searchr1/algos, chosen by `algo.name`); the learner exports bf16 copies of its weights and knows nothing about
+how they travel, nor where checkpoints live (searchr1/checkpoint.py writes what `state_dict` returns).
 """
 from __future__ import annotations
 
 import contextlib
-import os
+import logging
 import random
-import shutil
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from searchr1 import grpo
-from searchr1.config import AlgoConfig, ModelConfig
+from searchr1 import grpo, placement
+from searchr1.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
 from searchr1.models import load_model
+from searchr1.registry import ALGORITHMS, resolve
 from searchr1.trajectory import Trajectory
 
-_STATE_FILE = "trainer.pt"
-_MODEL_DIR = "model"  # an HF directory (fp32 safetensors, config, tokenizer): evaluable as model.path
+log = logging.getLogger(__name__)
 
 
 def shard_indices(lengths: list[int], world: int, rank: int) -> list[int]:
@@ -72,15 +71,13 @@ def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -
             "keep": L - start}
 
 
-class Trainer:
-    def __init__(self, model_cfg: ModelConfig, algo: AlgoConfig, device, group: dist.ProcessGroup | None = None,
-                 seed: int = 0, temperature: float = 1.0):
+class Learner:
+    def __init__(self, model_cfg: ModelConfig, algo: AlgoConfig, optim: OptimConfig, trainer: TrainerConfig, device,
+                 group: dist.ProcessGroup | None = None, seed: int = 0):
         """`group`: the trainer replicas' process group (None or size 1: no DDP). `seed` seeds the process's
-        torch, numpy and python RNGs (the trainer role owns its process). `temperature`: the rollout's sampling
-        temperature, so that recomputed log-probs match the behaviour log-probs (rollout.temperature)."""
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature}: training needs sampled (temperature > 0) log-probs")
-        self.algo, self.temperature, self.device = algo, temperature, torch.device(device)
+        torch, numpy and python RNGs (the trainer role owns its process)."""
+        self.cfg, self.device = trainer, torch.device(device)
+        self.algo = resolve(ALGORITHMS, algo.name, "algo.name")(algo)
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
@@ -90,23 +87,25 @@ class Trainer:
         model, self.tokenizer = load_model(model_cfg, dtype=torch.float32)
         self.module = model.to(self.device).train()
         self.module.config.use_cache = False
-        if algo.gradient_checkpointing:
+        if trainer.gradient_checkpointing:
             # non-reentrant: the reentrant variant breaks DDP's gradient hooks under no_sync
             self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.vocab = self.module.get_input_embeddings().num_embeddings
-        self.compute_dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else None
+        dtype, why = placement.compute_dtype(trainer.compute_dtype, self.device)
+        log.info("trainer computes in %s (%s); master weights fp32", dtype, why)
+        self.compute_dtype = None if dtype == torch.float32 else dtype
         self.ref = None
-        if algo.kl_coef > 0:
+        if self.algo.needs_reference:
             ref, _ = load_model(model_cfg, dtype=self.compute_dtype or torch.float32)
             self.ref = ref.to(self.device).eval().requires_grad_(False)
         self.ddp = None
         if self.world > 1:
             idx = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.module, process_group=group, device_ids=idx)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=algo.lr, betas=tuple(algo.betas),
-                                           weight_decay=algo.weight_decay)
-        warmup = algo.warmup_steps
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                           weight_decay=optim.weight_decay)
+        self.grad_clip, warmup = optim.grad_clip, optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
         self.step_count = 0
@@ -123,7 +122,7 @@ class Trainer:
 
     def _check(self, trajs: list[Trajectory]) -> None:
         if not trajs:
-            raise ValueError("Trainer.step got no trajectories")
+            raise ValueError("Learner.step got no trajectories")
         for t in trajs:
             if not t.prompt_ids:
                 raise ValueError(f"trajectory {t.qid}: empty prompt_ids (the first response token needs a context)")
@@ -135,65 +134,51 @@ class Trainer:
         """(log-probs at the trained positions, scattered into a zero `_bt` tensor; those positions' logits).
 
         Only trained positions reach the float32 log-softmax: information blocks and padding can be most of a
-        Search-R1 response, and the [tokens, vocab] float32 tensors are the trainer's largest activations."""
+        Search-R1 response, and the [tokens, vocab] float32 tensors are the trainer's largest activations.
+        Temperature 1: the behaviour log-probs' distribution (searchr1/engines/base.py)."""
         with self._autocast():
             out = net(input_ids=mb["ids_bt"], attention_mask=mb["attn_bt"], logits_to_keep=mb["keep"],
                       use_cache=False)
         on_bt = mb["mask_bt"].bool()
         logits_nv = out.logits[:, :-1][on_bt]
-        logp_n = grpo.token_logprobs(logits_nv[None], mb["target_bt"][on_bt][None], self.temperature)[0]
+        logp_n = grpo.token_logprobs(logits_nv[None], mb["target_bt"][on_bt][None])[0]
         return torch.zeros(on_bt.shape, device=self.device).masked_scatter(on_bt, logp_n), logits_nv
 
     def _entropy_sum(self, logits_nv: torch.Tensor) -> torch.Tensor:
         """Summed entropy of the trained positions, chunked: a full softmax copy of the logits is not needed."""
         with torch.no_grad():
-            return sum((grpo.token_entropy(c[None], self.temperature).sum() for c in logits_nv.split(1024)),
+            return sum((grpo.token_entropy(c[None]).sum() for c in logits_nv.split(1024)),
                        torch.zeros((), device=self.device))
 
     def _micro_step(self, mb: dict, denom: float) -> torch.Tensor:
-        """Forward + backward of one micro-batch; returns its summed stats (see `step`)."""
-        a = self.algo
+        """Forward + backward of one micro-batch; returns its sums in the algorithm's SUMS order."""
         logp_bt, logits_nv = self._logprobs(self.ddp or self.module, mb)
-        mask_bt = mb["mask_bt"]
-        loss, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
-        kl_sum = torch.zeros((), device=self.device)
+        ref_logp_bt = None
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp_bt, _ = self._logprobs(self.ref, mb)
-            kl_bt = grpo.kl_penalty(logp_bt, ref_logp_bt, mask_bt, a.kl_estimator)
-            loss = loss + a.kl_coef * grpo.masked_aggregate(kl_bt, mask_bt, a.loss_agg, denom)
-            kl_sum = kl_bt.detach().sum()
-        if a.entropy_coef > 0:
-            ent_bt = torch.zeros_like(logp_bt).masked_scatter(mask_bt.bool(), grpo.token_entropy(
-                logits_nv[None], self.temperature)[0])
-            loss = loss - a.entropy_coef * grpo.masked_aggregate(ent_bt, mask_bt, a.loss_agg, denom)
+        loss, sums = self.algo.micro_loss(logp_bt, logits_nv, mb, denom, ref_logp_bt)
         # DDP averages gradients over the replicas; each replica's loss already carries the global denominator.
         (loss * self.world).backward()
-        n = st["tokens"].float()
-        rows = torch.tensor(float(mask_bt.shape[0]), device=self.device)
-        return torch.stack([loss.detach(), st["clip_frac"] * n, st["approx_kl"] * n,
-                            self._entropy_sum(logits_nv.detach()), kl_sum, n, rows])
+        sums["entropy"] = self._entropy_sum(logits_nv.detach())
+        return torch.stack([sums[k] for k in self.algo.SUMS])
 
     def step(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step on the step's full list of trajectories (identical on every trainer rank)."""
+        """One optimizer step on the step's full list of trajectories (identical on every trainer rank);
+        returns `train/`-namespaced metrics."""
         self._check(trajs)
-        a = self.algo
-        reward_b = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
-        adv_b, n_zero = grpo.group_advantages(reward_b, torch.tensor([t.group for t in trajs]), a.normalize_std,
-                                              a.adv_eps)
+        coef_b, algo_m = self.algo.coefficients(trajs)
+        agg = self.algo.cfg.loss_agg
         mask_rows = [torch.tensor(t.loss_mask, dtype=torch.float32).reshape(1, -1) for t in trajs]
-        denom = sum(grpo.loss_denominator(m, a.loss_agg) for m in mask_rows)
-        # A zero-advantage row adds exactly zero gradient to the clipped loss: skip it unless a KL or entropy
-        # term needs it (the denominator above still counts it, so the update is unchanged).
-        needs_all = self.ref is not None or a.entropy_coef > 0
-        train = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and (needs_all or adv_b[i] != 0)]
+        denom = sum(grpo.loss_denominator(m, agg) for m in mask_rows)
+        train = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and self.algo.trains(coef_b[i])]
         seq_len = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
         mine = [train[k] for k in shard_indices([seq_len[i] for i in train], self.world, self.rank)]
-        batches = pack_micro_batches([seq_len[i] for i in mine], a.micro_batch_tokens)
-        sums = torch.zeros(7, device=self.device)
+        batches = pack_micro_batches([seq_len[i] for i in mine], self.cfg.micro_batch_tokens)
+        sums = torch.zeros(len(self.algo.SUMS), device=self.device)
         for j, rows in enumerate(batches):
             idx = [mine[r] for r in rows]
-            mb = collate([trajs[i] for i in idx], adv_b[idx], self.pad_id, self.device)
+            mb = collate([trajs[i] for i in idx], coef_b[idx], self.pad_id, self.device)
             last = j == len(batches) - 1
             with self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext():
                 sums += self._micro_step(mb, denom)
@@ -204,26 +189,19 @@ class Trainer:
                 p.grad = torch.zeros_like(p)
         if self.group is not None and self.world > 1:
             dist.all_reduce(sums, group=self.group)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), a.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip))
         if not np.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm {grad_norm} at step {self.step_count + 1}; "
-                                     f"rewards {reward_b.tolist()[:8]}...")
+                                     f"rewards {[t.reward for t in trajs][:8]}...")
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
-        loss, clip_sum, akl_sum, ent_sum, kl_sum, n_tok, n_seq = sums.tolist()
-        groups = torch.unique(torch.tensor([t.group for t in trajs])).numel()
-        out = {"step": float(self.step_count), "loss": loss, "clip_frac": clip_sum / max(n_tok, 1),
-               "approx_kl": akl_sum / max(n_tok, 1), "entropy": ent_sum / max(n_tok, 1), "grad_norm": grad_norm,
-               "adv_mean": float(adv_b.mean()), "adv_std": float(adv_b.std()) if len(trajs) > 1 else 0.0,
-               "adv_abs_max": float(adv_b.abs().max()), "zero_adv_groups": float(n_zero), "groups": float(groups),
-               "reward_mean": float(reward_b.mean()), "tokens_trained": n_tok, "seqs_trained": n_seq,
-               "tokens_generated": float(sum(t.generated_tokens for t in trajs)), "lr": lr}
-        if self.ref is not None:
-            out["kl_ref"] = kl_sum / max(n_tok, 1)
-        return out
+        out = {"step": float(self.step_count), **self.algo.summarize(dict(zip(self.algo.SUMS, sums.tolist()))),
+               "grad_norm": grad_norm, **algo_m, "tokens_generated": float(sum(t.generated_tokens for t in trajs)),
+               "lr": lr}
+        return {f"train/{k}": v for k, v in out.items()}
 
     def _idle_backward(self) -> None:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
@@ -244,14 +222,15 @@ class Trainer:
         return out
 
     def state_dict(self) -> dict:
+        """Everything a resumed learner needs beyond the weights: optimizer, scheduler, step, RNG states."""
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "step": self.step_count, "rng": rng}
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "step": self.step_count, "rng": rng}
 
-    def load_state_dict(self, sd: dict) -> None:
-        self.module.load_state_dict(sd["model"])
+    def load_state_dict(self, sd: dict, weights: dict[str, torch.Tensor]) -> None:
+        self.module.load_state_dict(weights)
         self.optimizer.load_state_dict(sd["optimizer"])
         self.scheduler.load_state_dict(sd["scheduler"])
         self.step_count = int(sd["step"])
@@ -262,69 +241,8 @@ class Trainer:
         if self.device.type == "cuda" and "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
 
-    def save_checkpoint(self, path: Path, extra: dict | None = None) -> None:
-        """Write `path/` atomically (a temp directory renamed into place): `model/` is an HF directory of the
-        fp32 weights, `trainer.pt` holds optimizer, scheduler, step, RNG and `extra` (data position, published
-        weights version, ...). Only trainer rank 0 writes; every replica waits until it is complete."""
-        path = Path(path)
-        if self.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                self.module.save_pretrained(tmp / _MODEL_DIR)
-                self.tokenizer.save_pretrained(tmp / _MODEL_DIR)
-                sd = self.state_dict()
-                del sd["model"]
-                sd["extra"] = dict(extra or {})
-                torch.save(sd, tmp / _STATE_FILE)
-                old = path.with_name(f".{path.name}.old-{os.getpid()}")
-                if path.exists():
-                    os.rename(path, old)
-                os.rename(tmp, path)
-                shutil.rmtree(old, ignore_errors=True)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        self._barrier()
-
-    def load_checkpoint(self, path: Path) -> dict:
-        """Restore everything `save_checkpoint` wrote (on every replica); returns its `extra`."""
-        path = Path(path)
-        state_file, model_dir = path / _STATE_FILE, path / _MODEL_DIR
-        if not state_file.is_file() or not model_dir.is_dir():
-            raise FileNotFoundError(f"{path}: not a trainer checkpoint (needs {_STATE_FILE} and {_MODEL_DIR}/)")
-        # weights_only=False: the file holds numpy and python RNG states, and it is one this class wrote.
-        sd = torch.load(state_file, map_location=self.device, weights_only=False)
-        sd["model"] = _read_safetensors(model_dir, self.module, self.device)
-        self.load_state_dict(sd)
-        return sd.get("extra", {})
-
-    def _barrier(self) -> None:
+    def barrier(self) -> None:
+        """Every replica waits here for the others (rank 0 writing a checkpoint, say)."""
         if self.group is not None and self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             dist.barrier(group=self.group, device_ids=ids)
-
-
-def _read_safetensors(model_dir: Path, module: torch.nn.Module, device) -> dict[str, torch.Tensor]:
-    """The state dict of an HF directory, with tied names filled in from the tensor they alias."""
-    from safetensors.torch import load_file
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        sd.update(load_file(f, device=str(device)))
-    own = module.state_dict()
-    by_storage = {(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): n
-                  for n, t in reversed(list(own.items()))}
-    for name, t in own.items():
-        if name not in sd:
-            alias = by_storage[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))]
-            if alias not in sd:
-                raise KeyError(f"{model_dir}: weight {name!r} is missing")
-            sd[name] = sd[alias]
-    unexpected = sorted(set(sd) - set(own))
-    if unexpected:
-        raise KeyError(f"{model_dir}: weights {unexpected[:5]} do not belong to this model")
-    return sd

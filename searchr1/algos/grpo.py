@@ -1,0 +1,70 @@
+"""GRPO behind the learner's algorithm interface: per-trajectory advantages, then each micro-batch's loss.
+
+The learner (searchr1/learner.py) owns the model, the replicas and the micro-batching; an algorithm says which
+coefficient each trajectory gets, which rows need a forward pass at all, and what loss a micro-batch of rows
+contributes. The tensor math is searchr1/grpo.py's pure functions.
+
+Every sum a micro-batch returns is additive over micro-batches and replicas (the learner all-reduces them), so
+the step's statistics are those of the whole batch, whatever the sharding.
+"""
+from __future__ import annotations
+
+import torch
+
+from searchr1 import grpo
+from searchr1.config import AlgoConfig
+from searchr1.trajectory import Trajectory
+
+
+class GRPO:
+    # the summed statistics of a micro-batch, in this order (the learner stacks and all-reduces them)
+    SUMS = ("loss", "clip_tokens", "approx_kl_tokens", "entropy", "kl", "tokens", "rows")
+
+    def __init__(self, cfg: AlgoConfig):
+        self.cfg = cfg
+        self.needs_reference = cfg.kl_coef > 0  # a frozen copy of the initial policy, for the KL term
+
+    def coefficients(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Group-relative advantages (float32, one per trajectory) and their statistics."""
+        reward_b = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+        group_b = torch.tensor([t.group for t in trajs])
+        adv_b, n_zero = grpo.group_advantages(reward_b, group_b, self.cfg.normalize_std, self.cfg.adv_eps)
+        stats = {"adv_mean": float(adv_b.mean()), "adv_std": float(adv_b.std()) if len(trajs) > 1 else 0.0,
+                 "adv_abs_max": float(adv_b.abs().max()), "zero_adv_groups": float(n_zero),
+                 "groups": float(torch.unique(group_b).numel()), "reward_mean": float(reward_b.mean())}
+        return adv_b, stats
+
+    def trains(self, adv: float) -> bool:
+        """Whether a row needs a forward/backward pass. A zero-advantage row adds exactly zero gradient to the
+        clipped loss, so it is skipped unless a KL or entropy term needs it (the loss denominator still counts
+        it, so the update is unchanged)."""
+        return self.needs_reference or self.cfg.entropy_coef > 0 or adv != 0
+
+    def micro_loss(self, logp_bt: torch.Tensor, logits_nv: torch.Tensor, mb: dict, denom: float,
+                   ref_logp_bt: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the micro-batch's share of the step's loss, its sums by name; the learner adds `entropy`).
+
+        `logits_nv` are the trained positions' logits (for the entropy bonus); `ref_logp_bt` the frozen
+        reference's log-probs when `needs_reference`."""
+        a, mask_bt = self.cfg, mb["mask_bt"]
+        loss, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
+        kl_sum = torch.zeros((), device=logp_bt.device)
+        if ref_logp_bt is not None:
+            kl_bt = grpo.kl_penalty(logp_bt, ref_logp_bt, mask_bt, a.kl_estimator)
+            loss = loss + a.kl_coef * grpo.masked_aggregate(kl_bt, mask_bt, a.loss_agg, denom)
+            kl_sum = kl_bt.detach().sum()
+        if a.entropy_coef > 0:
+            ent_bt = torch.zeros_like(logp_bt).masked_scatter(mask_bt.bool(), grpo.token_entropy(logits_nv[None])[0])
+            loss = loss - a.entropy_coef * grpo.masked_aggregate(ent_bt, mask_bt, a.loss_agg, denom)
+        n = st["tokens"].float()
+        return loss, {"loss": loss.detach(), "clip_tokens": st["clip_frac"] * n,
+                      "approx_kl_tokens": st["approx_kl"] * n, "kl": kl_sum, "tokens": n,
+                      "rows": torch.tensor(float(mask_bt.shape[0]), device=logp_bt.device)}
+
+    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
+        n = max(sums["tokens"], 1)
+        out = {"loss": sums["loss"], "clip_frac": sums["clip_tokens"] / n, "approx_kl": sums["approx_kl_tokens"] / n,
+               "entropy": sums["entropy"] / n, "tokens_trained": sums["tokens"], "seqs_trained": sums["rows"]}
+        if self.needs_reference:
+            out["kl_ref"] = sums["kl"] / n
+        return out

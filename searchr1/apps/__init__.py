@@ -1,0 +1,1 @@
+"""Entry points that are not the training job's ranks: run by a backend like any job (`mode=eval`)."""

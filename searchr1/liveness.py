@@ -1,0 +1,138 @@
+"""Liveness: slow is not dead. A member of the job is dead when it has failed, or has shown no sign of life
+(a heartbeat) for `heartbeat_timeout_s`; one that is slow but alive is waited for, however long its work takes.
+
+- Every member (a rank of the world, or an elastic rollout worker) runs a `Heartbeat` thread of its own that
+  increments `hb/<member>` in the job's store every `heartbeat_period_s`, whatever its main thread is doing:
+  generating, training, evaluating, or blocked in a collective.
+- A member that fails posts `failed/<member>` with its reason before it exits (`post_failure`), so whoever waits
+  for it fails at once, naming it.
+- `Liveness.wait` waits for keys on the store in short slices and between slices checks the members it waits
+  for. It never guesses how long work takes, so no wait can fail because a machine is busy.
+- A stop request (a signal, `StopFlag`) is seen between slices too: a wait never outlasts the wish to stop.
+
+Times are measured on the waiter's own monotonic clock (counters, not timestamps, travel), so clock skew
+between hosts cannot make a live member look dead.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from typing import Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+SLICE_S = 1.0  # how often a waiter looks up from its wait
+
+
+class MemberLost(RuntimeError):
+    """A member we wait for has failed or fallen silent; the message names it."""
+
+
+class StopRequested(RuntimeError):
+    """A stop was requested (signal) while waiting."""
+
+
+class StopFlag:
+    """Set from a signal handler, read at safe points and between wait slices."""
+
+    def __init__(self):
+        self._event, self.reason = threading.Event(), ""
+
+    def set(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+
+STOP = StopFlag()
+
+
+def _timeout_error(err: Exception) -> bool:
+    return "timeout" in str(err).lower()
+
+
+class Heartbeat:
+    """A daemon thread beating for `member` on its own store client (`connect()` makes one)."""
+
+    def __init__(self, connect: Callable[[], object], member: str, period_s: float):
+        self.connect, self.member, self.period_s = connect, member, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{member}", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        store = self.connect()
+        store.add(f"hb/{self.member}", 1)  # alive from the start, before the thread first runs
+        self._store = store
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self._store.add(f"hb/{self.member}", 1)
+            except Exception as err:  # noqa: BLE001 - the store's host is gone: the job is ending
+                log.warning("heartbeat of %s stopped: %s", self.member, err)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def post_failure(store, member: str, reason: str) -> None:
+    """Tell every waiter that `member` failed (best effort: the store may be gone already)."""
+    try:
+        store.set(f"failed/{member}", reason[-2000:])
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class Liveness:
+    """One waiter's view of the members it waits for. `describe(member)` names a member in errors."""
+
+    def __init__(self, store, timeout_s: float, describe: Callable[[str], str] = str, stop: StopFlag = STOP):
+        self.store, self.timeout_s, self.describe, self.stop = store, timeout_s, describe, stop
+        self._seen: dict[str, tuple[int, float]] = {}  # member -> (last counter, when it last changed)
+
+    def silent_for(self, member: str) -> float:
+        """Seconds since `member`'s heartbeat last moved (0 on first sight: a member gets a full timeout)."""
+        count, now = int(self.store.add(f"hb/{member}", 0)), time.monotonic()
+        last = self._seen.get(member)
+        if last is None or count != last[0]:
+            self._seen[member] = (count, now)
+            return 0.0
+        return now - last[1]
+
+    def check(self, members: Iterable[str]) -> None:
+        """Raise MemberLost if any of `members` failed or fell silent; StopRequested if a stop was asked."""
+        if self.stop:
+            raise StopRequested(self.stop.reason)
+        members = list(members)
+        failed = [m for m in members if self.store.check([f"failed/{m}"])]
+        if failed:
+            reason = self.store.get(f"failed/{failed[0]}").decode(errors="replace")
+            raise MemberLost(f"{self.describe(failed[0])} failed: {reason}")
+        for m in members:
+            silent = self.silent_for(m)
+            if silent > self.timeout_s:
+                raise MemberLost(f"{self.describe(m)} has shown no sign of life for {silent:.0f} s "
+                                 f"(cluster.heartbeat_timeout_s={self.timeout_s:g}): taken for dead")
+
+    def wait(self, keys: list[str], members: Iterable[str], what: str = "") -> None:
+        """Block until every key exists, for as long as `members` are alive."""
+        members = list(members)
+        while True:
+            try:
+                self.store.wait(keys, datetime.timedelta(seconds=SLICE_S))
+                return
+            except RuntimeError as err:
+                if not _timeout_error(err):
+                    raise MemberLost(f"the job's store stopped answering while waiting for {what or keys}: "
+                                     f"{err}") from err
+            try:
+                self.check(members)
+            except MemberLost as err:
+                raise MemberLost(f"{err} (while waiting for {what or keys})") from None

@@ -1,0 +1,120 @@
+"""The step protocol: every transfer between the roles, declared once, and the channel they travel on.
+
+Neither role issues the other's half of an exchange by hand. Each transfer below names its producer, its
+consumer and its key; the trainer role and the rollout role both use these declarations through `Channel`,
+and which step uses which weights (and when evaluation and checkpoints are due) is the schedule's business
+(searchr1/schedule.py). A new schedule is a new ordering of the same transfers, not edits to two scripts.
+
+    START    trainer 0 -> rollouts   the step a run (re)starts from
+    WEIGHTS  trainer 0 -> rollouts   version v is published: its bits follow on the weight-sync transport
+    BATCH    rollouts  -> trainers   one work unit's trajectories and metrics, for step s
+    EVAL     rollouts  -> trainer 0  one unit of held-out predictions, for weights version v
+    TIMES    every rank -> trainer 0 a rank's phase times for step s
+    DONE     trainer 0 -> every rank the run is over
+    BYE      every rank -> trainer 0 it saw DONE: trainer 0, the store's host, may now exit
+
+Payloads travel through the job's key-value store (a TCPStore that trainer rank 0 hosts; a HashStore in
+tests), pickled and cut into chunks below the store's 8 MiB frame limit. Every wait is a `Liveness.wait`:
+bounded by whether the producer is alive, never by a guess of how long its work takes. Collectives (DDP, the
+weight broadcast) are entered only once the other side is known to be there.
+
+A step's data is a list of work units (`Unit`): a slice of the step's questions with its own sampling seed.
+The same unit gives the same trajectories whoever generates it, so the fixed world (unit i on rollout rank
+i), a re-issued unit and an elastic worker all train on the same batch.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+from searchr1.data import step_questions
+from searchr1.liveness import Liveness
+
+CHUNK_BYTES = 4 << 20  # under the libuv TCPStore's 8 MiB payload limit
+
+
+@dataclass(frozen=True)
+class Transfer:
+    name: str
+    producer: str
+    consumer: str
+    key: str  # a format string over the transfer's fields
+
+    def key_for(self, **fields) -> str:
+        return self.key.format(**fields)
+
+
+START = Transfer("start", "trainer", "rollout", "start")
+WEIGHTS = Transfer("weights", "trainer", "rollout", "weights/{version}")
+BATCH = Transfer("batch", "rollout", "trainer", "batch/{step}/{unit}")
+EVAL = Transfer("eval", "rollout", "trainer", "eval/{version}/{unit}")
+TIMES = Transfer("times", "any", "trainer", "times/{step}/{rank}")
+DONE = Transfer("done", "trainer", "any", "done")
+BYE = Transfer("bye", "any", "trainer", "bye/{rank}")
+TRANSFERS = (START, WEIGHTS, BATCH, EVAL, TIMES, DONE, BYE)
+
+
+class Channel:
+    """Put and get the declared transfers on a store; every get waits for its producers' liveness."""
+
+    def __init__(self, store, liveness: Liveness):
+        self.store, self.liveness = store, liveness
+
+    def put(self, t: Transfer, obj, **fields) -> None:
+        key = t.key_for(**fields)
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        n = max(1, -(-len(data) // CHUNK_BYTES))
+        for i in range(n):
+            self.store.set(f"{key}#{i}", data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
+        self.store.set(key, str(n))  # last: a reader that sees the key finds every chunk
+
+    def ready(self, t: Transfer, **fields) -> bool:
+        return self.store.check([t.key_for(**fields)])
+
+    def wait(self, t: Transfer, producers, **fields) -> None:
+        self.liveness.wait([t.key_for(**fields)], producers, what=f"{t.name} {fields or ''}".strip())
+
+    def get(self, t: Transfer, producers, delete: bool = False, **fields):
+        """The object put under `t` (waiting while `producers` live); `delete` frees it from the store."""
+        key = t.key_for(**fields)
+        self.wait(t, producers, **fields)
+        n = int(self.store.get(key))
+        obj = pickle.loads(b"".join(self.store.get(f"{key}#{i}") for i in range(n)))
+        if delete:
+            self.delete(t, **fields)
+        return obj
+
+    def delete(self, t: Transfer, **fields) -> None:
+        key = t.key_for(**fields)
+        n = int(self.store.get(key)) if self.store.check([key]) else 0
+        self.store.delete_key(key)
+        for i in range(n):
+            self.store.delete_key(f"{key}#{i}")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One slice of a step's questions, generated as one batch with its own seed."""
+
+    step: int
+    index: int
+    questions: tuple[int, ...]  # indices into the training pool
+    group_offset: int  # the step-level group number of its first question
+    seed: int
+
+
+def chunk(n: int, parts: int, i: int) -> range:
+    """The i-th of `parts` contiguous, near-equal slices of range(n)."""
+    q, r = divmod(n, parts)
+    start = i * q + min(i, r)
+    return range(start, start + q + (i < r))
+
+
+def step_units(step: int, n_units: int, n_pool: int, questions_per_step: int, seed: int) -> list[Unit]:
+    """The work units of `step`: its questions (searchr1.data.step_questions) in `n_units` contiguous slices."""
+    idx = step_questions(n_pool, step, questions_per_step, seed)
+    units = []
+    for u in range(n_units):
+        r = chunk(questions_per_step, n_units, u)
+        units.append(Unit(step, u, tuple(idx[i] for i in r), r.start, seed * 100_003 + step * 1_009 + u))
+    return units

@@ -1,0 +1,107 @@
+"""Every rank of a training job starts here: `run_rank(cfg, run_dir)` (what the backends run in each task).
+
+Bootstrap, top-down: the rank's topology from the environment, logging, seeds, the job's store (trainer rank
+0 hosts it), a heartbeat thread, the world's process groups, then the role that the global rank names
+(trainers first). A rank that raises posts its failure on the store, logs its traceback and exits at once, so
+the others stop waiting for it and the backend ends the job naming it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from searchr1 import dist
+from searchr1.config import Config
+from searchr1.data import load_splits
+from searchr1.liveness import Heartbeat, Liveness, post_failure
+from searchr1.protocol import Channel
+from searchr1.rundir import REPO_ROOT, progress
+
+log = logging.getLogger("searchr1")
+
+
+def setup_logging(label: str) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+                        format=f"%(asctime)s [{label}] %(message)s", datefmt="%H:%M:%S")
+
+
+def prepare(cfg: Config, run_dir: Path) -> None:
+    """The caches every rank loads, built once before any starts (by the backend): the model's bf16 directory
+    (exported outside torch.distributed: transformers 5 writes a model's weights only on rank 0 of a world),
+    the BM25 index, and the delta codec's compiled kernel."""
+    from searchr1 import models
+    from searchr1.retrieval import load_or_build
+    from searchr1.weightsync import kernel
+
+    setup_logging("prepare")
+    progress(run_dir, f"preparing the model ({cfg.model.name}), the {cfg.retriever.name} index and the codec kernel")
+    models.model_dir(cfg.model)
+    if cfg.agent.search:
+        load_or_build(load_splits(cfg.data, REPO_ROOT).corpus, cfg.retriever)
+    kernel.load()
+
+
+def run_rank(cfg: Config, run_dir: Path) -> None:
+    run_dir = Path(run_dir)
+    topo = dist.topology_from_env(cfg.cluster.trainer_ranks)
+    setup_logging(f"rank {topo.rank} {topo.role}")
+    c = cfg.cluster
+    store = None
+    try:
+        expected = c.trainer_ranks + c.rollout_ranks
+        if topo.world != expected:
+            raise ValueError(f"world size {topo.world} != cluster.trainer_ranks + cluster.rollout_ranks = {expected}")
+        random.seed(cfg.seed + topo.rank)
+        np.random.seed(cfg.seed + topo.rank)
+        torch.manual_seed(cfg.seed + topo.rank)
+        store = dist.connect_store(host=topo.rank == 0)
+        heartbeat = Heartbeat(lambda: dist.connect_store(host=False), topo.member(), c.heartbeat_period_s).start()
+        groups = dist.init(topo, store, c.collective_timeout_s)
+        log.info("joined world of %d on %s (pid %d, cores %s, %s threads)", topo.world, groups.device, os.getpid(),
+                 ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads())
+        channel = Channel(store, Liveness(store, c.heartbeat_timeout_s, topo.describe))
+        splits = load_splits(cfg.data, REPO_ROOT)
+        role = _trainer if topo.role == "trainer" else _rollout
+        role(cfg, run_dir, topo, groups, channel, splits).run()
+        heartbeat.stop()
+    except SystemExit as stop:  # submitit's requeue on preemption exits this way: not a failure of ours
+        log.info("exiting (%s)", stop.code)
+        raise
+    except BaseException as err:
+        # Exit now: ranks waiting for us see the failure on the store; the backend ends the job.
+        log.exception("rank %d (%s) failed", topo.rank, topo.role)
+        if store is not None:
+            post_failure(store, topo.member(), f"{type(err).__name__}: {err}")
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(1)
+    dist.shutdown()
+
+
+def _trainer(cfg, run_dir, topo, groups, channel, splits):
+    from searchr1.learner import Learner
+    from searchr1.roles.trainer import TrainerRole
+    from searchr1.roles.weights import WeightsOut
+    from searchr1.weightsync import Publisher
+
+    learner = Learner(cfg.model, cfg.algo, cfg.optim, cfg.trainer, groups.device, groups.trainer, cfg.seed)
+    out = WeightsOut(channel, Publisher(groups.sync, cfg.sync, groups.device)) if topo.rank == 0 else None
+    return TrainerRole(cfg, run_dir, topo, channel, learner, out, splits)
+
+
+def _rollout(cfg, run_dir, topo, groups, channel, splits):
+    from searchr1.roles.rollout import RolloutRole
+    from searchr1.roles.weights import WeightsIn
+    from searchr1.roles.worker import Worker
+    from searchr1.weightsync import Subscriber
+
+    worker = Worker(cfg, splits, groups.device)
+    sub = Subscriber(groups.sync, cfg.sync, groups.device)
+    return RolloutRole(cfg, run_dir, topo, channel, worker,
+                       lambda first: WeightsIn(channel, sub, worker.weight_views, topo.member(0), first))

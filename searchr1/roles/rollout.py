@@ -1,0 +1,80 @@
+"""The rollout role: hold the weights the schedule asks for, evaluate the versions due, generate the units.
+
+A rollout rank owns one engine and one index (searchr1/roles/worker.py) for the whole job. Per step it brings
+its engine to the version the schedule names for the step's data, evaluating on the way every version the
+schedule marks due, then generates its work units and hands each to the trainers. Every trajectory records
+the version of each of its turns, as the publications received said.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from searchr1.config import Config
+from searchr1.dist import Topology
+from searchr1.metrics import PhaseTimer
+from searchr1.protocol import BATCH, BYE, DONE, EVAL, START, TIMES, Channel, chunk, step_units
+from searchr1.rundir import progress
+from searchr1.schedule import make_schedule
+
+log = logging.getLogger(__name__)
+
+
+class RolloutRole:
+    def __init__(self, cfg: Config, run_dir: Path, topo: Topology, channel: Channel, worker, weights_in_factory):
+        """`weights_in_factory(first_version)` makes this rank's receiving end (searchr1/roles/weights.py)."""
+        self.cfg, self.run_dir, self.topo, self.channel = cfg, Path(run_dir), topo, channel
+        self.worker, self.weights_in_factory = worker, weights_in_factory
+        self.trainer0 = topo.member(0)
+
+    def run(self) -> None:
+        cfg, topo = self.cfg, self.topo
+        start = self.channel.get(START, [self.trainer0])
+        first = start["step"]
+        self.schedule = make_schedule(cfg, first)
+        self.weights = self.weights_in_factory(first)
+        t = PhaseTimer()
+        self._apply(first, t)  # the full export of the version the run starts from
+        if start["evaluate"]:
+            with t("eval"):
+                self._evaluate(first)
+        for step in range(first, cfg.steps):
+            if step > first:
+                t = PhaseTimer()
+            self._advance(self.schedule.version_for(step), t)
+            units = step_units(step, topo.n_rollout, len(self.worker.splits.train), cfg.algo.questions_per_step,
+                               cfg.seed)
+            unit = units[topo.rollout_index]
+            with t("rollout"):
+                trajs, m = self.worker.generate(unit, version=lambda: self.weights.applied)
+            with t("transfer"):
+                self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m}, step=step,
+                                 unit=unit.index)
+            self.channel.put(TIMES, t.close(), step=step, rank=topo.rank)
+        self._advance(cfg.steps, PhaseTimer())
+        self.channel.wait(DONE, [self.trainer0])
+        self.channel.put(BYE, True, rank=topo.rank)
+
+    def _apply(self, version: int, t: PhaseTimer) -> None:
+        got = self.weights.apply_until(version)
+        t.add("sync", got["sync/apply_s"] + got["sync/verify_s"])
+
+    def _advance(self, target: int, t: PhaseTimer) -> None:
+        """Apply publications up to `target`, stopping at every version due for evaluation to evaluate it."""
+        for v in self.schedule.evals(self.weights.applied, target):
+            self._apply(v, t)
+            with t("eval"):
+                self._evaluate(v)
+        if target > self.weights.applied:
+            self._apply(target, t)
+
+    def _evaluate(self, version: int) -> None:
+        heldout, topo = self.worker.splits.heldout, self.topo
+        mine = chunk(len(heldout), topo.n_rollout, topo.rollout_index)
+
+        def report(done: int, total: int) -> None:
+            progress(self.run_dir, f"held-out eval of version {version}: rank {topo.rank} {done}/{total}")
+
+        preds, summary = self.worker.evaluate([heldout[i] for i in mine], report)
+        self.channel.put(EVAL, {"predictions": preds, "seconds": summary.get("seconds", {}).get("total_s", 0.0)},
+                         version=version, unit=topo.rollout_index)

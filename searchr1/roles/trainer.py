@@ -1,0 +1,154 @@
+"""The trainer role: each step, the units of the step's batch in, one optimizer step, the new weights out.
+
+Every trainer rank reads the whole batch from the channel and trains its shard (DDP). Trainer rank 0 also
+publishes the weights, writes checkpoints' pointer and metrics, and collects held-out evaluations as they
+arrive (they are produced by the rollouts, when the schedule says a version is due). The schedule decides
+which weights version each step's data came from; this role checks that every trajectory it trains is within
+the schedule's bound, from the versions the trajectories themselves carry.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from searchr1 import checkpoint, metrics
+from searchr1.config import Config
+from searchr1.dist import Topology
+from searchr1.evaluation import write_predictions
+from searchr1.protocol import BATCH, BYE, DONE, EVAL, START, TIMES, Channel
+from searchr1.rundir import progress
+from searchr1.schedule import Schedule, make_schedule
+
+log = logging.getLogger(__name__)
+
+
+class LagError(RuntimeError):
+    """A trajectory older than the schedule allows reached the trainer."""
+
+
+class TrainerRole:
+    def __init__(self, cfg: Config, run_dir: Path, topo: Topology, channel: Channel, learner, weights_out,
+                 splits, writer_factory=metrics.MetricsWriter):
+        """`weights_out`: trainer rank 0's publisher (None on the other trainer ranks)."""
+        self.cfg, self.run_dir, self.topo, self.channel = cfg, Path(run_dir), topo, channel
+        self.learner, self.weights_out, self.splits = learner, weights_out, splits
+        self.lead = topo.rank == 0
+        self.writer_factory = writer_factory
+        self.rollouts = [topo.member(r) for r in topo.rollout_ranks]
+        self.pending: list[int] = []  # versions whose evaluation has not been written yet
+
+    def run(self) -> None:
+        cfg = self.cfg
+        point = checkpoint.resume_point(self.run_dir, cfg.resume)
+        start = int(checkpoint.load(point, self.learner)["step"]) if point else 0
+        if point:
+            log.info("resumed from %s at step %d", point, start)
+        schedule = make_schedule(cfg, start)
+        self.writer = self.writer_factory(cfg, self.run_dir, resume_step=start) if self.lead else None
+        if self.lead:
+            evaluated = {r[metrics.STEP] for r in metrics.records(self.writer.path, metrics.EVAL)}
+            self.pending = [v for v in range(start, cfg.steps + 1) if schedule.eval_due(v) and v not in evaluated]
+            self._write_data_manifest()
+            self.channel.put(START, {"step": start, "evaluate": self.pending[:1] == [start]})
+            self.weights_out.publish(self.learner.bf16_weights(), version=start)
+        t_run = time.perf_counter()
+        for step in range(start, cfg.steps):
+            t = metrics.PhaseTimer()
+            units = self._collect(step)
+            trajs = [tr for u in units for tr in u["trajectories"]]
+            self._check_lag(step, trajs, schedule)
+            with t("train"):
+                train_m = self.learner.step(trajs)
+            pub_m = {}
+            if self.lead:
+                with t("sync"):
+                    pub_m = self.weights_out.publish(self.learner.bf16_weights(), version=step + 1)
+            if schedule.checkpoint_due(step + 1):
+                with t("checkpoint"):
+                    checkpoint.save(self.run_dir, step + 1, self.learner, {"step": step + 1, "version": step + 1},
+                                    cfg.keep_checkpoints)
+            if not self.lead:
+                self.channel.put(TIMES, t.close(), step=step, rank=self.topo.rank)
+                continue
+            for u in range(len(units)):
+                self.channel.delete(BATCH, step=step, unit=u)  # every trainer has read it: it trained on it
+            self._drain_evals(block=False)
+            times = [t.close()] + [self.channel.get(TIMES, [self.topo.member(r)], delete=True, step=step, rank=r)
+                                   for r in range(1, self.topo.world)]
+            rec = metrics.step_record(step, trajs, [u["metrics"] for u in units], train_m, pub_m, times,
+                                      self.topo.n_trainer)
+            self.writer.log(rec)
+            self._progress(step, rec, t_run, start)
+        if self.lead:
+            self._drain_evals(block=True)
+            self._finish()
+            self.channel.put(DONE, True)
+            for r in range(1, self.topo.world):  # the store lives in this process: stay until all have left
+                self.channel.wait(BYE, [self.topo.member(r)], rank=r)
+        else:
+            self.channel.wait(DONE, [self.topo.member(0)])
+            self.channel.put(BYE, True, rank=self.topo.rank)
+
+    def _collect(self, step: int) -> list[dict]:
+        """The step's units, in unit order (the same batch whichever rank generated which unit)."""
+        n = self.topo.n_rollout
+        return [self.channel.get(BATCH, [self.rollouts[u]], step=step, unit=u) for u in range(n)]
+
+    def _check_lag(self, step: int, trajs, schedule: Schedule) -> None:
+        for tr in trajs:
+            if not schedule.admits(step, tr.policy_version):
+                raise LagError(f"step {step}: trajectory {tr.qid} (group {tr.group}) was generated with weights "
+                               f"version {tr.policy_version} (turns {tr.turn_versions}), {step - tr.policy_version} "
+                               f"behind; schedule {schedule.name} allows at most {schedule.max_lag}")
+
+    def _drain_evals(self, block: bool) -> None:
+        """Write every pending evaluation whose units have all arrived; with `block`, wait for all of them."""
+        n = self.topo.n_rollout
+        while self.pending:
+            v = self.pending[0]
+            if not block and not all(self.channel.ready(EVAL, version=v, unit=u) for u in range(n)):
+                return
+            parts = [self.channel.get(EVAL, [self.rollouts[u]], delete=True, version=v, unit=u) for u in range(n)]
+            preds = [p for part in parts for p in part["predictions"]]
+            out = self.run_dir / "predictions"
+            out.mkdir(exist_ok=True)
+            write_predictions(out / f"step_{v:06d}.jsonl", preds)
+            rec = metrics.eval_record(v, preds, max(part["seconds"] for part in parts))
+            self.writer.log(rec)
+            msg = (f"held-out EM at version {v}: {rec[metrics.EVAL_EM_COUNT]}/{rec[metrics.EVAL_N]} "
+                   f"({100 * rec[metrics.EVAL_EM]:.1f}%), F1 {rec[metrics.EVAL_F1]:.3f}, searched "
+                   f"{rec['eval/n_searched']}/{rec[metrics.EVAL_N]}, {rec['eval/seconds_s']:.0f} s")
+            log.info(msg)
+            progress(self.run_dir, msg)
+            self.pending.pop(0)
+
+    def _progress(self, step: int, rec: dict, t_run: float, start: int) -> None:
+        done, total = step + 1, self.cfg.steps
+        per_step = (time.perf_counter() - t_run) / (done - start)
+        eta = per_step * (total - done)
+        progress(self.run_dir, f"step {done}/{total} | reward {rec[metrics.REWARD]:.3f} | answered "
+                               f"{rec[metrics.ANSWER_RATE]:.2f} | searches {rec[metrics.SEARCHES]:.2f} | "
+                               f"{rec[metrics.STEP_S]:.1f} s/step | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+
+    def _write_data_manifest(self) -> None:
+        s = self.splits
+        manifest = {"train_questions": len(s.train), "heldout_questions": len(s.heldout),
+                    "corpus_passages": len(s.corpus), "corpus_scope": s.corpus_scope,
+                    "train_files": self.cfg.data.train_files, "eval_file": self.cfg.data.eval_file,
+                    "heldout_ids": [q.qid for q in s.heldout]}
+        (self.run_dir / "data.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+    def _finish(self) -> None:
+        self.writer.close()
+        evals = metrics.records(self.run_dir / "metrics.jsonl", metrics.EVAL)
+        summary = {"run_dir": str(self.run_dir), "steps": self.cfg.steps, "evals": evals}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        if len(evals) >= 2:
+            first, last = evals[0], evals[-1]
+            msg = (f"held-out EM before (step {first['step']}): {first[metrics.EVAL_EM_COUNT]}/{first[metrics.EVAL_N]}"
+                   f", after (step {last['step']}): {last[metrics.EVAL_EM_COUNT]}/{last[metrics.EVAL_N]}")
+            log.info(msg)
+            progress(self.run_dir, msg)
+        log.info("run folder: %s", self.run_dir)

@@ -1,0 +1,55 @@
+"""The rollout stack, built in one place: an engine and a BM25 index in the same process, the agent's search
+tool over that index, and the reward; warm for the whole job.
+
+The seed's lesson: a separate retriever service stalled rollouts while they held GPUs; here retrieval is a
+function call on an index that every rollout process loads (memory-mapped) from the shared cache. The training
+role, `mode=eval` and the benchmarks all build their rollout stack here.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from searchr1.agent import run_episodes, sampling_for
+from searchr1.config import Config, ModelConfig
+from searchr1.data import Question, Splits
+from searchr1.engines import make_engine
+from searchr1.evaluation import evaluate
+from searchr1.protocol import Unit
+from searchr1.retrieval import load_or_build, make_retrieve
+from searchr1.reward import make_score
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, cfg: Config, splits: Splits, device: torch.device | str = "cpu",
+                 model: ModelConfig | None = None):
+        """`model` overrides cfg.model (mode=eval of a checkpoint)."""
+        self.cfg, self.splits = cfg, splits
+        t0 = time.perf_counter()
+        index = load_or_build(splits.corpus, cfg.retriever) if cfg.agent.search else None
+        t1 = time.perf_counter()
+        self.engine = make_engine(model or cfg.model, cfg.engine, cfg.agent.max_context_tokens, device)
+        self.retrieve = make_retrieve(index, self.engine.tokenizer, cfg.retriever) if index is not None else None
+        self.score = make_score(cfg.reward.name, cfg.reward.format_score)
+        log.info("rollout worker ready: index of %d passages in %.1fs, %s engine in %.1fs",
+                 len(splits.corpus), t1 - t0, cfg.engine.name, time.perf_counter() - t1)
+
+    def generate(self, unit: Unit, version: Callable[[], int]) -> tuple[list, dict]:
+        """One work unit: `algo.group_size` sampled trajectories per question, seeded by the unit; `version()`
+        names the weights each turn is generated with."""
+        questions = [self.splits.train[i] for i in unit.questions]
+        sampling = sampling_for(self.cfg.agent, self.cfg.sampling, seed=unit.seed)
+        return run_episodes(self.engine, questions, self.cfg.algo.group_size, self.retrieve, self.cfg.agent,
+                            sampling, self.score, version, group_offset=unit.group_offset)
+
+    def evaluate(self, questions: list[Question], progress: Callable[[int, int], None] = lambda d, t: None):
+        return evaluate(self.engine, questions, self.retrieve, self.cfg.agent, self.cfg.sampling, self.score,
+                        self.cfg.engine.eval_batch_size, progress)
+
+    def weight_views(self) -> dict[str, torch.Tensor]:
+        return self.engine.weight_views()

@@ -1,0 +1,70 @@
+"""Schedules: which policy version each step's data is generated with, and when evaluation and checkpoints
+are due. Both roles read the same schedule, so they agree on the order of the protocol's transfers.
+
+Versions: version v is the policy after v optimizer steps (version 0: the initial weights; a run resumed at
+step c starts from version c). Step s trains on a batch and turns version s into s + 1. A trajectory's lag
+is s - (the oldest version any of its turns was generated with); `max_lag` bounds it.
+
+- `sync`: step s's batch comes from version s (lag 0): the roles take turns, as in the seed.
+- `pipelined`: step s's batch comes from exactly version max(s - k, 0), so rollouts generate step s + 1 while
+  the trainers train step s; the lag is exactly min(s, k) every step (min(s - c, k) after a resume at c, when
+  the versions before c are gone), and a run is deterministic for a seed.
+- `streaming`: rollouts generate continuously with the newest weights they hold, picking up new ones between
+  turns; a unit of step s may only start once they hold version s - k or newer (admission control, as in
+  AReaL's staleness bound), so nothing past the bound is generated, rather than generated and then dropped
+  (dropping stale samples biases training toward short, search-free trajectories).
+"""
+from __future__ import annotations
+
+from searchr1.config import Config
+
+
+class Schedule:
+    name = ""
+    exact = True  # generate each step with exactly `version_for(step)`, never newer
+    turn_updates = False  # new weights may be applied between the turns of an episode
+
+    def __init__(self, cfg: Config, start: int = 0):
+        self.steps, self.max_lag, self.start = cfg.steps, cfg.schedule.max_lag, start
+        self.eval_every, self.eval_before, self.checkpoint_every = cfg.eval_every, cfg.eval_before, cfg.checkpoint_every
+
+    def version_for(self, step: int) -> int:
+        """The version step `step`'s data is generated with (streaming: the oldest one it may be)."""
+        return max(step - self.max_lag, self.start)
+
+    def admits(self, step: int, version: int) -> bool:
+        """Whether data of `version` may be trained in `step`."""
+        return 0 <= step - version <= self.max_lag
+
+    def eval_due(self, version: int) -> bool:
+        """Held-out evaluation of weights `version` (0 only if eval_before; always the last)."""
+        if version == 0:
+            return self.eval_before
+        return version == self.steps or (self.eval_every > 0 and version % self.eval_every == 0)
+
+    def evals(self, after: int, upto: int) -> list[int]:
+        """The versions in (after, upto] due for evaluation, in order."""
+        return [v for v in range(after + 1, upto + 1) if self.eval_due(v)]
+
+    def checkpoint_due(self, done: int) -> bool:
+        return done == self.steps or (self.checkpoint_every > 0 and done % self.checkpoint_every == 0)
+
+
+class Sync(Schedule):
+    name = "sync"
+
+
+class Pipelined(Schedule):
+    name = "pipelined"
+
+
+class Streaming(Schedule):
+    name = "streaming"
+    exact = False
+    turn_updates = True
+
+
+def make_schedule(cfg: Config, start: int = 0) -> Schedule:
+    from searchr1.registry import SCHEDULES, resolve
+
+    return resolve(SCHEDULES, cfg.schedule.name, "schedule.name")(cfg, start)

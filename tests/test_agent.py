@@ -6,8 +6,9 @@ import pytest
 
 from searchr1.agent import (DIRECT_INSTRUCTION, EMPTY_QUERY_INFO, INFO_HEAD, INFO_TAIL, MALFORMED_RULES,
                             STOP_REASONS, build_prompt, parse_turn, run_episodes, sampling_for)
-from searchr1.config import ModelConfig, RolloutConfig
+from searchr1.config import AgentConfig, EngineConfig, ModelConfig, SamplingConfig
 from searchr1.engines.base import Generation, Sampling
+from searchr1.reward import make_score
 from searchr1.models import load_tokenizer
 
 
@@ -70,17 +71,22 @@ class Retriever:
 def _cfg(**kw):
     base = dict(max_searches=2, max_new_tokens=64, max_info_tokens=128, max_context_tokens=2048)
     base.update(kw)
-    return RolloutConfig(**base)
+    return AgentConfig(**base)
 
 
-def _run(tok, scripts, questions, cfg=None, group_size=1, retriever=None, eos_after=False, max_new=None):
+def _score(format_score=0.0):
+    return make_score("em", format_score)
+
+
+def _run(tok, scripts, questions, cfg=None, group_size=1, retriever=None, eos_after=False, max_new=None, score=None):
     cfg = cfg or _cfg()
     engine = ScriptedEngine(tok, scripts, eos_after)
     retriever = retriever or Retriever()
-    sampling = sampling_for(cfg)
+    sampling = sampling_for(cfg, SamplingConfig())
     if max_new:
         sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=max_new)
-    trajs, metrics = run_episodes(engine, questions, group_size, retriever, cfg, sampling, policy_version=7)
+    trajs, metrics = run_episodes(engine, questions, group_size, retriever, cfg, sampling, score or _score(),
+                                  version=lambda: 7)
     return trajs, metrics, engine, retriever
 
 
@@ -121,7 +127,7 @@ def test_example_prompt_style_opens_the_think_block(tok):
     assert text.endswith("<|im_start|>assistant\n<think>")
     assert text.index("Example:") < text.index("Question: Who wrote Hamlet?")
     assert "<answer> Cupertino </answer>" in text
-    with pytest.raises(ValueError, match="rollout.prompt"):
+    with pytest.raises(ValueError, match="agent.prompt"):
         build_prompt(tok, "Q?", style="chatty")
 
 
@@ -148,7 +154,7 @@ def test_multi_turn_ids_mask_logprobs_are_exact(tok):
     assert retriever.calls == [["capital of France"], ["Paris population"]]
     assert (t.prediction, t.reward, t.em, t.f1) == ("Paris", 1.0, 1.0, 1.0)
     assert (t.searches, t.turns, t.stop_reason, t.malformed) == (2, 3, "answer", [])
-    assert t.info_tokens == len(infos[0]) + len(infos[1]) and t.policy_version == 7
+    assert t.info_tokens == len(infos[0]) + len(infos[1]) and t.turn_versions == [7, 7, 7]
     assert metrics["rollout/reward"] == 1.0 and metrics["rollout/searches"] == 2.0
 
 
@@ -173,7 +179,7 @@ def test_search_limit_ends_cleanly(tok):
     (t,) = trajs
     assert (t.searches, t.turns, t.stop_reason) == (2, 3, "max_searches")
     assert t.malformed == ["search_over_limit"] and t.reward == 0.0 and t.prediction is None
-    assert metrics["rollout/malformed/search_over_limit"] == 1.0
+    assert metrics["rollout/malformed_total/search_over_limit"] == 1.0
     assert metrics["rollout/stop/max_searches"] == 1.0
 
 
@@ -235,7 +241,7 @@ def test_empty_query_uses_a_search_without_retrieval(tok):
     (t,) = trajs
     assert retriever.calls == [] and t.searches == 1 and t.malformed == ["empty_query"]
     assert EMPTY_QUERY_INFO in tok.decode(t.response_ids)
-    assert t.reward == 1.0 and metrics["rollout/malformed/empty_query"] == 1.0
+    assert t.reward == 1.0 and metrics["rollout/malformed_total/empty_query"] == 1.0
 
 
 def test_stop_inside_a_token_keeps_the_token(tok):
@@ -253,20 +259,19 @@ def test_eos_without_action_and_prompt_answer_never_counts(tok):
     (t,) = trajs
     assert t.prediction is None and t.reward == 0.0  # the prompt's "<answer> Beijing </answer>" is not read
     assert t.stop_reason == "eos" and t.response_ids[-1] == tok.eos_token_id and t.loss_mask[-1] == 1
-    assert metrics["rollout/malformed/no_tags"] == 1.0
+    assert metrics["rollout/malformed_total/no_tags"] == 1.0
 
 
 def test_format_reward_only_for_well_formed_wrong_answers(tok):
     scripts = {"F?": ["<answer> Lyon </answer>"], "G?": ["<answer> Lyon </answer>."]}
-    cfg = _cfg(format_reward=0.1)
-    trajs, _, _, _ = _run(tok, scripts, [Q("f", "F?", ("Paris",)), Q("g", "G?", ("Paris",))], cfg=cfg)
+    trajs, _, _, _ = _run(tok, scripts, [Q("f", "F?", ("Paris",)), Q("g", "G?", ("Paris",))], score=_score(0.1))
     assert [t.reward for t in trajs] == [0.1, 0.0]
 
 
 def test_metric_keys_are_stable(tok):
     _, metrics, _, _ = _run(tok, {"K?": ["<answer> k </answer>"]}, [Q("k", "K?", ("k",))])
     for rule in MALFORMED_RULES:
-        assert metrics[f"rollout/malformed/{rule}"] == 0.0
+        assert metrics[f"rollout/malformed_total/{rule}"] == 0.0
     assert sum(metrics[f"rollout/stop/{r}"] for r in STOP_REASONS) == 1.0
     for key in ("rollout/generation_s", "rollout/retrieval_s", "rollout/generated_tokens", "rollout/info_tokens"):
         assert key in metrics
@@ -277,8 +282,8 @@ def test_loop_on_the_hf_engine_concatenates_engine_output():
 
     from searchr1.engines import make_engine
 
-    cfg = _cfg(engine="hf", max_new_tokens=8, max_searches=1)
-    engine = make_engine(ModelConfig(name="tiny", source="tiny"), cfg, "cpu")
+    cfg = _cfg(max_new_tokens=8, max_searches=1)
+    engine = make_engine(ModelConfig(name="tiny", source="tiny"), EngineConfig(name="hf"), cfg.max_context_tokens)
     calls = []
     generate = engine.generate
 
@@ -290,10 +295,11 @@ def test_loop_on_the_hf_engine_concatenates_engine_output():
     engine.generate = recording
     torch.manual_seed(0)
     qs = [Q("a", "Who?", ("x",)), Q("b", "Where?", ("y",))]
-    trajs, metrics = run_episodes(engine, qs, 2, Retriever(), cfg, sampling_for(cfg, seed=1), policy_version=0)
+    trajs, metrics = run_episodes(engine, qs, 2, Retriever(), cfg, sampling_for(cfg, SamplingConfig(), seed=1),
+                                  _score())
     assert len(trajs) == 4 and calls[0][0] == [t.prompt_ids for t in trajs]
     for i, t in enumerate(trajs):
         assert t.response_ids[:len(calls[0][1][i].token_ids)] == calls[0][1][i].token_ids
         assert t.logprobs[:len(calls[0][1][i].token_ids)] == calls[0][1][i].logprobs
         assert t.stop_reason in STOP_REASONS and sum(t.loss_mask) == t.generated_tokens
-    assert metrics["rollout/trajectories"] == 4.0
+    assert metrics["rollout/trajectories_total"] == 4.0

@@ -37,7 +37,7 @@ def test_production_and_cpu_experiments():
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("algo.lr=-1", "algo.lr=-1.0"),
+    ("optim.lr=-1", "optim.lr=-1.0"),
     ("algo.group_size=1", "algo.group_size=1"),
     ("cluster.trainer_ranks=20", "cluster.trainer_ranks=20"),
     ("sync.method=sometimes", "sync.method='sometimes'"),
@@ -54,13 +54,14 @@ def test_unknown_key_and_wrong_type_fail_at_composition():
 
     with pytest.raises(ConfigCompositionException, match="algo.bogus"):
         compose_cfg("algo.bogus=3")
-    with pytest.raises(ConfigCompositionException, match="algo.lr"):
-        compose_cfg("algo.lr=abc")
+    with pytest.raises(ConfigCompositionException, match="optim.lr"):
+        compose_cfg("optim.lr=abc")
 
 
-@pytest.mark.parametrize("override", ["algo.lr=-1", "algo.group_size=1", "algo.nope=1"])
+@pytest.mark.parametrize("override", ["optim.lr=-1", "algo.group_size=1", "algo.nope=1", "+algo.lrr=3",
+                                      "+no_such_key=3"])
 def test_launch_cli_exits_nonzero_naming_the_key(override):
-    key = override.split("=")[0]
+    key = override.split("=")[0].lstrip("+")
     for extra in (["--cfg", "job"], ["run_root=/nonexistent/should-not-be-created"]):
         r = subprocess.run([sys.executable, "launch.py", "+experiment=search_r1", override, *extra],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -79,13 +80,13 @@ def test_cfg_job_prints_the_composed_config():
 def test_multirun_sweep_makes_one_run_per_point(tmp_path):
     """`-m` through the real launcher: each sweep point gets its own run folder and submission script
     (cluster.slurm.submit=false writes the script without submitting, so no cluster is needed)."""
-    r = subprocess.run([sys.executable, "launch.py", "-m", "+experiment=search_r1", "algo.lr=1e-6,2e-6",
+    r = subprocess.run([sys.executable, "launch.py", "-m", "+experiment=search_r1", "optim.lr=1e-6,2e-6",
                         "cluster.slurm.submit=false", f"run_root={tmp_path}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     runs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert len(runs) == 2
-    lrs = sorted(OmegaConf.load(p / "config.yaml").algo.lr for p in runs)
+    lrs = sorted(OmegaConf.load(p / "config.yaml").optim.lr for p in runs)
     assert lrs == [1e-6, 2e-6]
     for p in runs:
         assert "#SBATCH hetjob" in (p / "submit.sbatch").read_text()
@@ -101,3 +102,75 @@ def test_run_folder_config_round_trips():
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+def test_an_added_key_is_refused_with_the_nearest_valid_one():
+    with pytest.raises(SystemExit, match=r"algo.lrr \(did you mean optim.lr\?\)"):
+        compose_cfg("+experiment=search_r1_cpu", "+algo.lrr=3")
+    with pytest.raises(SystemExit, match=r"cluster.heartbeat_timout_s \(did you mean cluster.heartbeat_timeout_s"):
+        compose_cfg("+cluster.heartbeat_timout_s=3")
+    with pytest.raises(SystemExit, match="unknown key no_such_key"):
+        compose_cfg("+no_such_key=3")
+    r = subprocess.run([sys.executable, "launch.py", "+experiment=search_r1_cpu", "+algo.lrr=3", "--cfg", "job"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "did you mean optim.lr" in r.stderr
+
+
+def test_training_refuses_a_sampling_distribution_the_behaviour_log_probs_do_not_describe():
+    for override in ("sampling.temperature=0.7", "sampling.top_p=0.9"):
+        with pytest.raises(SystemExit, match="training samples at temperature 1 and top_p 1"):
+            compose_cfg("+experiment=smoke", override)
+    assert compose_cfg("+experiment=smoke", "mode=eval", "sampling.temperature=0.7").sampling.temperature == 0.7
+
+
+def test_choices_come_from_the_registries():
+    from searchr1 import registry
+
+    for group, table in (("engine", registry.ENGINES), ("retriever", registry.RETRIEVERS),
+                         ("algo", registry.ALGORITHMS), ("schedule", registry.SCHEDULES),
+                         ("reward", registry.REWARDS)):
+        for option in (ROOT / "conf" / group).glob("*.yaml"):
+            name = OmegaConf.load(option).get("name")
+            assert name in table, (group, option.name)
+        with pytest.raises(SystemExit, match=f"{group}.name='nope'"):
+            compose_cfg(f"{group}.name=nope")
+
+
+# a group's option may name itself (its selector) even where that equals the default
+SELECTORS = {"name", "source", "method", "backend", "prompt"}
+
+
+def _leaves(node, prefix=""):
+    for k, v in node.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _default(path):
+    node = Config()
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def test_each_default_is_stated_once():
+    """No option file of a group and no experiment restates a schema default: an edit to a default in
+    searchr1/config.py reaches every experiment that does not override it on purpose."""
+    restated = []
+    for path in sorted((ROOT / "conf").rglob("*.yaml")):
+        group = path.parent.name
+        if path.name == "config.yaml":
+            continue
+        data = OmegaConf.to_container(OmegaConf.load(path))
+        data.pop("defaults", None)
+        prefix = "" if group == "experiment" else f"{group}."
+        for key, value in _leaves(data, prefix):
+            if key.rsplit(".", 1)[-1] in SELECTORS and group != "experiment":
+                continue
+            if key in ("experiment",):
+                continue
+            if value == _default(key):
+                restated.append(f"{path.relative_to(ROOT)}: {key}={value!r}")
+    assert not restated, restated

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from searchr1.agent import run_episodes, sampling_for
-from searchr1.config import ModelConfig, RolloutConfig, TinyModelConfig
+from searchr1.config import AgentConfig, EngineConfig, ModelConfig, SamplingConfig, TinyModelConfig
 from searchr1.engines import make_engine
 from searchr1.engines.base import Sampling
+from searchr1.reward import make_score
 from searchr1.models import load_model
 
 TINY = ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1))
@@ -28,7 +29,7 @@ def _teacher_forced(model, prompt, gen_ids):
 
 @pytest.fixture(scope="module")
 def hf_engine():
-    return make_engine(TINY, RolloutConfig(engine="hf"), "cpu")
+    return make_engine(TINY, EngineConfig(name="hf"), 4096, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_hf_weight_views_alias_live_weights(hf_engine):
 
 def test_hf_real_smollm2_answers_and_ends_with_eos():
     cfg = ModelConfig()
-    engine = make_engine(cfg, RolloutConfig(engine="hf"), "cpu")
+    engine = make_engine(cfg, EngineConfig(name="hf"), 4096, "cpu")
     tok = engine.tokenizer
     text = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                    add_generation_prompt=True, tokenize=False)
@@ -100,9 +101,8 @@ def test_hf_real_smollm2_answers_and_ends_with_eos():
 @pytest.fixture(scope="module")
 def vllm_engine():
     pytest.importorskip("vllm")
-    cfg = RolloutConfig(engine="vllm", max_context_tokens=1024, max_new_tokens=8,
-                        max_searches=1)
-    return make_engine(TINY, cfg, "cpu"), cfg
+    cfg = AgentConfig(max_context_tokens=1024, max_new_tokens=8, max_searches=1)
+    return make_engine(TINY, EngineConfig(name="vllm", compute_dtype="bfloat16"), cfg.max_context_tokens, "cpu"), cfg
 
 
 @pytest.mark.vllm
@@ -180,10 +180,11 @@ def test_agent_loop_on_vllm(vllm_engine):
     engine.generate = recording
     try:
         trajs, metrics = run_episodes(engine, [Q("a", "Who?"), Q("b", "Where?")], 2,
-                                      lambda qs: ["info"] * len(qs), cfg, sampling_for(cfg, seed=4), 3)
+                                      lambda qs: ["info"] * len(qs), cfg, sampling_for(cfg, SamplingConfig(), seed=4),
+                                      make_score("em", 0.0), version=lambda: 3)
     finally:
         del engine.generate
-    assert len(trajs) == 4 and metrics["rollout/trajectories"] == 4.0
+    assert len(trajs) == 4 and metrics["rollout/trajectories_total"] == 4.0
     for t, g in zip(trajs, calls[0]):
         assert t.response_ids[:len(g.token_ids)] == g.token_ids and t.logprobs[:len(g.logprobs)] == g.logprobs
         assert t.policy_version == 3 and sum(t.loss_mask) <= cfg.max_new_tokens * (cfg.max_searches + 1)
@@ -191,7 +192,7 @@ def test_agent_loop_on_vllm(vllm_engine):
 
 @pytest.mark.gpu
 def test_hf_engine_on_cuda_matches_teacher_forcing(hf_ref):
-    engine = make_engine(TINY, RolloutConfig(engine="hf"), "cuda")
+    engine = make_engine(TINY, EngineConfig(name="hf"), 4096, "cuda")
     gens = engine.generate(PROMPTS, Sampling(temperature=1.0, max_new_tokens=6, seed=3))
     for p, g in zip(PROMPTS, gens):
         assert g.logprobs == pytest.approx(_teacher_forced(hf_ref, p, g.token_ids), abs=5e-2)
@@ -203,7 +204,8 @@ def test_vllm_cpu_rejects_small_heads_by_name():
     from searchr1.models import model_dir
 
     with pytest.raises(ValueError, match="head_dim=16"):
-        _check_cpu_head_dim(model_dir(ModelConfig(name="tiny", source="tiny")))
+        _check_cpu_head_dim(model_dir(ModelConfig(name="tiny", source="tiny",
+                                                  tiny=TinyModelConfig(num_heads=4, num_kv_heads=2))))
     _check_cpu_head_dim(model_dir(TINY))
 
 
@@ -218,10 +220,10 @@ def run(rank, port):
     dist.init_process_group("gloo", rank=rank, world_size=2)
     pair = dist.new_group([0, 1])
     if rank == 1:  # a rollout rank builds vLLM inside the job's world; rank 0 (a trainer) never touches vLLM
-        from searchr1.config import ModelConfig, RolloutConfig, TinyModelConfig
+        from searchr1.config import AgentConfig, EngineConfig, ModelConfig, SamplingConfig, TinyModelConfig
         from searchr1.engines import Sampling, make_engine
         cfg = ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1))
-        engine = make_engine(cfg, RolloutConfig(engine="vllm", max_context_tokens=256), "cpu")
+        engine = make_engine(cfg, EngineConfig(name="vllm"), 256, "cpu")
         engine.generate([[1, 2, 3]], Sampling(temperature=0.0, max_new_tokens=2))
     value = torch.full((4,), float(rank + 1), dtype=torch.bfloat16)
     dist.broadcast(value, src=0, group=pair)
@@ -259,3 +261,45 @@ def test_vllm_engine_inside_an_existing_world(tmp_path):
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+_FP32 = r'''
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from searchr1.config import EngineConfig, ModelConfig, TinyModelConfig
+from searchr1.engines import Sampling, make_engine
+from searchr1.models import load_model
+
+tiny = ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1))
+engine = make_engine(tiny, EngineConfig(name=sys.argv[2], compute_dtype="float32"), 256, "cpu")
+views = engine.weight_views()
+assert all(v.dtype == torch.bfloat16 for v in views.values())  # weight sync writes bf16, whatever the compute
+ref, _ = load_model(tiny, dtype=torch.float32)  # the same bf16 weights, computed in fp32
+prompt = [1, 2, 3, 4]
+g = engine.generate([prompt], Sampling(temperature=1.0, max_new_tokens=4, seed=0))[0]
+with torch.no_grad():
+    logp = torch.log_softmax(ref(input_ids=torch.tensor([prompt + g.token_ids])).logits[0].float(), -1)
+want = [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(g.token_ids)]
+assert max(abs(a - b) for a, b in zip(g.logprobs, want)) < 1e-3, (g.logprobs, want)
+views["model.norm.weight"].view(-1)[:] = 0.0  # a bf16 write reaches the fp32 compute weights
+lp = engine.generate([prompt], Sampling(temperature=1.0, max_new_tokens=1, seed=0))[0].logprobs[0]
+assert abs(lp + 10.8027) < 1e-3, lp  # uniform over the 49152-token vocabulary
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("name", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_fp32_compute_from_bf16_weights_is_exact_and_sees_weight_writes(tmp_path, name):
+    """On a CPU without bf16 instructions the engines compute in fp32 from the published bf16 weights."""
+    if name == "vllm":
+        pytest.importorskip("vllm")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "fp32.py"
+    script.write_text(_FP32)
+    done = subprocess.run([sys.executable, str(script), str(Path(__file__).resolve().parents[1]), name],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

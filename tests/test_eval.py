@@ -3,10 +3,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from searchr1.config import Config, DataConfig, ModelConfig, RolloutConfig
+from searchr1.apps.evaluate import main, model_to_evaluate
+from searchr1.config import AgentConfig, Config, DataConfig, ModelConfig, SamplingConfig
 from searchr1.engines.base import Generation
-from searchr1.eval import evaluate, main, resolve_model, summarize, write_predictions
+from searchr1.evaluation import evaluate, read_predictions, summarize, write_predictions
 from searchr1.models import load_tokenizer
+from searchr1.reward import make_score
 
 
 @dataclass
@@ -44,7 +46,10 @@ def test_evaluate_greedy_batches_lines_and_summary(tok, tmp_path):
     table = {"Capital of France?": "<answer> paris </answer>", "Is it?": "<answer> yes it is </answer>",
              "Who?": "<answer> Zoë Saldaña </answer>", "Where?": "I do not know.", "When?": "<answer>1990</answer>"}
     engine = AnswerEngine(tok, table)
-    preds, summary = evaluate(engine, qs, lambda q: ["x"] * len(q), RolloutConfig(eval_batch_size=2))
+    seen = []
+    preds, summary = evaluate(engine, qs, lambda q: ["x"] * len(q), AgentConfig(), SamplingConfig(),
+                              make_score("em", 0.0), batch_size=2, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(2, 5), (4, 5), (5, 5)]
     assert engine.calls == [(2, 0.0), (2, 0.0), (1, 0.0)]  # greedy, in batches
     assert [p["id"] for p in preds] == ["1", "2", "3", "4", "5"]
     assert [p["em"] for p in preds] == [1.0, 0.0, 1.0, 0.0, 1.0]
@@ -53,8 +58,9 @@ def test_evaluate_greedy_batches_lines_and_summary(tok, tmp_path):
     assert summary["em"] == "3/5" and summary["em_pct"] == 60.0 and summary["answered"] == "4/5"
     assert summary["malformed"] == {"no_tags": 1}
     assert summary["gold_in_response"] == "4/5"  # "yes it is" holds "yes"; "I do not know." holds no "Rome"
+    assert summary["em_when_searched"] == "0/0" and summary["em_when_not_searched"] == "3/5"
     write_predictions(tmp_path / "p.jsonl", preds)
-    lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    lines = read_predictions(tmp_path / "p.jsonl")
     assert lines == preds and lines[2]["prediction"] == "Zoë Saldaña"
 
 
@@ -62,21 +68,23 @@ def test_summary_of_nothing():
     assert summarize([])["em"] == "0/0"
 
 
-def test_resolve_model_checkpoint_and_errors(tmp_path):
-    assert resolve_model(Config()).source == "smollm2_gguf"
+def test_model_to_evaluate_checkpoint_and_errors(tmp_path):
+    assert model_to_evaluate(Config()).source == "smollm2_gguf"
     ckpt = tmp_path / "step_000002"
     (ckpt / "model").mkdir(parents=True)
     (ckpt / "model" / "config.json").write_text("{}")
-    got = resolve_model(Config(checkpoint=str(ckpt)))
+    got = model_to_evaluate(Config(checkpoint=str(ckpt)))
     assert got.source == "hub" and got.path == str(ckpt / "model")
     with pytest.raises(FileNotFoundError, match="checkpoint="):
-        resolve_model(Config(checkpoint=str(tmp_path / "nothing")))
+        model_to_evaluate(Config(checkpoint=str(tmp_path / "nothing")))
 
 
 def test_main_writes_predictions_and_summary(tmp_path):
     cfg = Config(mode="eval", model=ModelConfig(name="tiny", source="tiny"), data=DataConfig(eval_size=3),
-                 rollout=RolloutConfig(engine="hf", max_new_tokens=6, max_searches=1, max_context_tokens=1024))
+                 agent=AgentConfig(max_new_tokens=6, max_searches=1, max_context_tokens=1024))
     summary = main(cfg, tmp_path)
     lines = (tmp_path / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 3 and summary["n"] == 3 and summary["em"].endswith("/3")
     assert json.loads((tmp_path / "eval_summary.json").read_text())["em"] == summary["em"]
+
+    assert "held-out EM" in (tmp_path / "progress.log").read_text()

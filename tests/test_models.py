@@ -37,3 +37,43 @@ def test_missing_hub_model_says_how_to_get_it(tmp_path):
 def test_hub_source_needs_a_path():
     with pytest.raises(ValueError, match="model.path"):
         ModelConfig(source="hub", path="")
+
+
+def _export_in_world(rank: int, port: int, cache: str, q) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        if rank == 1:
+            try:
+                model_dir(ModelConfig(name="tiny", source="tiny", cache_dir=cache))
+                q.put("exported")
+            except RuntimeError as err:
+                q.put(str(err))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_export_that_writes_no_weights_is_never_marked_complete(tmp_path):
+    """transformers 5 skips a model's weights on any rank but 0 of a torch.distributed world: such an export
+    must fail loudly, not leave a 'complete' directory without weights (which every later run would load)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    # the tiny model's tokenizer source (the SmolLM2 export) comes first, outside any world: a copy of the cache's
+    import shutil
+
+    smollm2 = Path(model_dir(ModelConfig()))
+    shutil.copytree(smollm2, tmp_path / smollm2.name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_export_in_world, args=(port, str(tmp_path), q), nprocs=2, join=True)
+    assert "wrote no config.json/*.safetensors" in q.get()
+    assert not any((p / "searchr1_complete.json").exists() for p in tmp_path.glob("tiny-*"))

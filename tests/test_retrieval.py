@@ -9,7 +9,7 @@ from rank_bm25 import BM25Okapi
 
 from searchr1 import bm25
 from searchr1 import retrieval as R
-from searchr1.config import DataConfig, ModelConfig, RetrieverConfig
+from searchr1.config import BM25Config, DataConfig, ModelConfig, RetrieverConfig
 from searchr1.data import load_splits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +23,7 @@ SMALL = [
 
 
 def cfg_for(backend, **kw):
-    return RetrieverConfig(backend=backend, threads=1, **kw)
+    return RetrieverConfig(name=backend, bm25=BM25Config(threads=1, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +133,9 @@ def test_cache_for_other_corpus_or_settings_is_not_served(tmp_path):
     with pytest.raises(R.IndexCorrupt, match="corpus_sha256"):
         R.load_index(str(tmp_path / "ix"), SMALL[:-1] + [{"title": "x", "text": "y"}], cfg)
     with pytest.raises(R.IndexCorrupt, match="settings"):
-        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, k1=1.2))
+        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, bm25=dataclasses.replace(cfg.bm25, k1=1.2)))
     with pytest.raises(R.IndexCorrupt, match="settings"):
-        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, stopwords="en"))
+        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, bm25=dataclasses.replace(cfg.bm25, stopwords="en")))
 
 
 def test_concurrent_callers_share_one_build(tmp_path, real):
@@ -161,7 +161,7 @@ def test_concurrent_callers_share_one_build(tmp_path, real):
 def test_two_threads_of_bm25s_give_the_one_thread_answer(real):
     passages, queries = real
     one = R.build_index(passages, cfg_for("bm25s")).search(queries)
-    two = R.build_index(passages, RetrieverConfig(backend="bm25s", threads=2)).search(queries)
+    two = R.build_index(passages, RetrieverConfig(name="bm25s", bm25=BM25Config(threads=2))).search(queries)
     assert one == two
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from searchr1.reward import exact_match, f1, normalize_answer, reward
+from searchr1.reward import em_reward, exact_match, f1, f1_reward, make_score, normalize_answer
 
 
 @pytest.mark.parametrize("raw, norm", [
@@ -46,16 +46,31 @@ def test_f1_counts_repeated_tokens_once_each():
 
 
 def test_reward_em_and_format():
-    assert reward("Paris", ["paris"]) == 1.0
-    assert reward("Lyon", ["paris"]) == 0.0
-    assert reward(None, ["paris"], format_reward=0.1) == 0.0
-    assert reward("Lyon", ["paris"], format_reward=0.1) == 0.1
-    assert reward("Lyon", ["paris"], format_reward=0.1, well_formed=False) == 0.0
-    assert reward("Paris", ["paris"], format_reward=0.1, well_formed=False) == 1.0
+    assert em_reward("Paris", ["paris"]) == 1.0
+    assert em_reward("Lyon", ["paris"]) == 0.0
+    assert em_reward(None, ["paris"], format_score=0.1) == 0.0
+    assert em_reward("Lyon", ["paris"], format_score=0.1) == 0.1
+    assert em_reward("Lyon", ["paris"], format_score=0.1, well_formed=False) == 0.0
+    assert em_reward("Paris", ["paris"], format_score=0.1, well_formed=False) == 1.0
+
+
+def test_f1_reward_gives_partial_credit_and_the_format_score_only_at_zero():
+    assert f1_reward("New York City", ["new york"]) == pytest.approx(0.8)
+    assert f1_reward("Boston", ["new york"], format_score=0.1) == 0.1
+    assert f1_reward("Boston", ["new york"], format_score=0.1, well_formed=False) == 0.0
+    assert f1_reward(None, ["new york"], format_score=0.1) == 0.0
+
+
+def test_make_score_binds_the_reward_config():
+    score = make_score("em", 0.1)
+    assert (score("Paris", ["paris"], True), score("Lyon", ["paris"], True), score(None, ["paris"], True)) == (1.0, 0.1, 0.0)
+    assert make_score("f1", 0.0)("new york city", ["new york"], True) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="reward.name"):
+        make_score("bleu", 0.0)
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="format_reward"):
-        reward("a", ["a"], format_reward=1.5)
+    with pytest.raises(ValueError, match="format_score"):
+        em_reward("a", ["a"], format_score=1.5)
     with pytest.raises(ValueError, match="gold"):
         exact_match("a", [])

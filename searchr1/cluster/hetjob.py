@@ -140,7 +140,7 @@ def render_script(cfg: Config, run_dir: Path, command: str, job: Job) -> str:
 def batch_script(cfg: Config, run_dir: Path, job: Job) -> str:
     """What HetSlurmExecutor submits for run_dir, rendered without Slurm (a dry run writes it too)."""
     command = task_command(python_command(cfg.cluster.slurm), Path(run_dir) / SUBMITIT_DIR)
-    return render_script(cfg, run_dir, command)
+    return render_script(cfg, run_dir, command, job)
 
 
 # ------------------------------------------------------------------------------------------- inside a task

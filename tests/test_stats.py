@@ -1,0 +1,48 @@
+"""The paired test and the intervals that learning claims are reported with, on hand-made cases."""
+import math
+
+import pytest
+
+from searchr1.stats import binom_two_sided, mcnemar, paired_predictions, wilson
+
+
+def test_binomial_tail_by_hand():
+    # 10 discordant questions all one way: 2 * (1/2)^10
+    assert binom_two_sided(10, 10) == pytest.approx(2 / 1024)
+    assert binom_two_sided(0, 10) == pytest.approx(2 / 1024)
+    # 8 of 10: 2 * (1 + 10 + 45) / 1024
+    assert binom_two_sided(8, 10) == pytest.approx(2 * 56 / 1024)
+    assert binom_two_sided(5, 10) == 1.0 and binom_two_sided(0, 0) == 1.0
+
+
+def test_mcnemar_counts_only_discordant_questions():
+    a = [True] * 50 + [False] * 150
+    b = [True] * 50 + [True] * 20 + [False] * 130  # 20 more right, none lost
+    r = mcnemar(a, b)
+    assert (r.n, r.a_correct, r.b_correct, r.only_a, r.only_b) == (200, 50, 70, 0, 20)
+    assert r.delta_points == pytest.approx(10.0)
+    assert r.p_value == pytest.approx(2 * 0.5**20)
+    # the same totals with churn: 25 gained and 5 lost is much weaker evidence
+    c = [True] * 45 + [False] * 5 + [True] * 25 + [False] * 125
+    r2 = mcnemar(a, c)
+    assert (r2.b_correct, r2.only_a, r2.only_b) == (70, 5, 25)
+    assert r2.p_value == pytest.approx(2 * sum(math.comb(30, i) for i in range(6)) / 2**30)
+    assert r2.p_value > r.p_value
+    with pytest.raises(ValueError, match="equal lengths"):
+        mcnemar([True], [True, False])
+
+
+def test_wilson_interval():
+    lo, hi = wilson(100, 200)
+    assert lo == pytest.approx(0.4314, abs=1e-4) and hi == pytest.approx(0.5686, abs=1e-4)
+    assert wilson(0, 200)[0] == pytest.approx(0.0, abs=1e-12) and wilson(0, 200)[1] == pytest.approx(0.0188, abs=1e-4)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_paired_predictions_match_by_question_id():
+    a = [{"id": "q1", "em": 1.0}, {"id": "q2", "em": 0.0}, {"id": "q3", "em": 0.0}]
+    b = [{"id": "q3", "em": 1.0}, {"id": "q1", "em": 1.0}, {"id": "q2", "em": 1.0}]
+    r = paired_predictions(a, b)
+    assert (r.a_correct, r.b_correct, r.only_a, r.only_b) == (1, 3, 0, 2)
+    with pytest.raises(ValueError, match="differ in questions"):
+        paired_predictions(a, b[:2])

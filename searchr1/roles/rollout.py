@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from searchr1 import faults
 from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.metrics import PhaseTimer
@@ -46,6 +47,7 @@ class RolloutRole:
                                cfg.seed)
             unit = units[topo.rollout_index]
             with t("rollout"):
+                faults.hit("rollout", topo.rank, step)
                 trajs, m = self.worker.generate(unit, version=lambda: self.weights.applied)
             with t("transfer"):
                 self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m}, step=step,
@@ -70,6 +72,7 @@ class RolloutRole:
 
     def _evaluate(self, version: int) -> None:
         heldout, topo = self.worker.splits.heldout, self.topo
+        faults.hit("eval", topo.rank, version)
         mine = chunk(len(heldout), topo.n_rollout, topo.rollout_index)
 
         def report(done: int, total: int) -> None:

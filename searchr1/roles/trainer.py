@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from searchr1 import checkpoint, metrics
+from searchr1 import checkpoint, faults, metrics
 from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.evaluation import write_predictions
@@ -60,9 +60,11 @@ class TrainerRole:
             trajs = [tr for u in units for tr in u["trajectories"]]
             self._check_lag(step, trajs, schedule)
             with t("train"):
+                faults.hit("train", self.topo.rank, step)
                 train_m = self.learner.step(trajs)
             pub_m = {}
             if self.lead:
+                faults.hit("publish", self.topo.rank, step)
                 with t("sync"):
                     pub_m = self.weights_out.publish(self.learner.bf16_weights(), version=step + 1)
             if schedule.checkpoint_due(step + 1):

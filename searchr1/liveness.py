@@ -34,6 +34,21 @@ class StopRequested(RuntimeError):
     """A stop was requested (signal) while waiting."""
 
 
+class RunEnded(RuntimeError):
+    """While waiting for something else, the run was declared over (an abort key appeared)."""
+
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request after saving what a restart needs; run it again to go on
+
+
+class Stopped(SystemExit):
+    """Raised by a role that stopped on request (preemption, time limit) once its state is safe."""
+
+    def __init__(self, reason: str):
+        super().__init__(EXIT_STOPPED)
+        self.reason = reason
+
+
 class StopFlag:
     """Set from a signal handler, read at safe points and between wait slices."""
 
@@ -106,9 +121,10 @@ class Liveness:
             return 0.0
         return now - last[1]
 
-    def check(self, members: Iterable[str]) -> None:
-        """Raise MemberLost if any of `members` failed or fell silent; StopRequested if a stop was asked."""
-        if self.stop:
+    def check(self, members: Iterable[str], stoppable: bool = True) -> None:
+        """Raise MemberLost if any of `members` failed or fell silent; StopRequested if a stop was asked
+        (and `stoppable`)."""
+        if stoppable and self.stop:
             raise StopRequested(self.stop.reason)
         members = list(members)
         failed = [m for m in members if self.store.check([f"failed/{m}"])]
@@ -121,8 +137,10 @@ class Liveness:
                 raise MemberLost(f"{self.describe(m)} has shown no sign of life for {silent:.0f} s "
                                  f"(cluster.heartbeat_timeout_s={self.timeout_s:g}): taken for dead")
 
-    def wait(self, keys: list[str], members: Iterable[str], what: str = "") -> None:
-        """Block until every key exists, for as long as `members` are alive."""
+    def wait(self, keys: list[str], members: Iterable[str], what: str = "", stoppable: bool = True,
+             abort: list[str] = ()) -> None:
+        """Block until every key exists, for as long as `members` are alive. A stop request ends the wait unless
+        not `stoppable`; any of the `abort` keys appearing ends it with RunEnded."""
         members = list(members)
         while True:
             try:
@@ -132,7 +150,9 @@ class Liveness:
                 if not _timeout_error(err):
                     raise MemberLost(f"the job's store stopped answering while waiting for {what or keys}: "
                                      f"{err}") from err
+            if abort and any(self.store.check([k]) for k in abort):
+                raise RunEnded(f"the run ended while waiting for {what or keys}")
             try:
-                self.check(members)
+                self.check(members, stoppable)
             except MemberLost as err:
                 raise MemberLost(f"{err} (while waiting for {what or keys})") from None

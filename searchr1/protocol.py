@@ -8,9 +8,12 @@ and which step uses which weights (and when evaluation and checkpoints are due) 
     START    trainer 0 -> rollouts   the step a run (re)starts from
     WEIGHTS  trainer 0 -> rollouts   version v is published: its bits follow on the weight-sync transport
     BATCH    rollouts  -> trainers   one work unit's trajectories and metrics, for step s
+    GO       trainer 0 -> trainers   the verdict for step s: "train", or "stop" (a stop was requested: every
+                                     trainer saves the completed steps and exits; trainer 0 alone decides, so
+                                     no replica is ever left inside a collective the others never enter)
     EVAL     rollouts  -> trainer 0  one unit of held-out predictions, for weights version v
     TIMES    every rank -> trainer 0 a rank's phase times for step s
-    DONE     trainer 0 -> every rank the run is over
+    DONE     trainer 0 -> every rank the run is over ({"state": "done" | "stopped", "step": completed steps})
     BYE      every rank -> trainer 0 it saw DONE: trainer 0, the store's host, may now exit
 
 Payloads travel through the job's key-value store (a TCPStore that trainer rank 0 hosts; a HashStore in
@@ -47,18 +50,23 @@ class Transfer:
 START = Transfer("start", "trainer", "rollout", "start")
 WEIGHTS = Transfer("weights", "trainer", "rollout", "weights/{version}")
 BATCH = Transfer("batch", "rollout", "trainer", "batch/{step}/{unit}")
+GO = Transfer("go", "trainer", "trainer", "go/{step}")
 EVAL = Transfer("eval", "rollout", "trainer", "eval/{version}/{unit}")
 TIMES = Transfer("times", "any", "trainer", "times/{step}/{rank}")
 DONE = Transfer("done", "trainer", "any", "done")
 BYE = Transfer("bye", "any", "trainer", "bye/{rank}")
-TRANSFERS = (START, WEIGHTS, BATCH, EVAL, TIMES, DONE, BYE)
+TRANSFERS = (START, WEIGHTS, BATCH, GO, EVAL, TIMES, DONE, BYE)
 
 
 class Channel:
-    """Put and get the declared transfers on a store; every get waits for its producers' liveness."""
+    """Put and get the declared transfers on a store; every get waits for its producers' liveness.
 
-    def __init__(self, store, liveness: Liveness):
+    `abort`: transfers whose appearance ends any other wait (RunEnded): a rollout waiting for weights learns
+    at once that the trainers have stopped."""
+
+    def __init__(self, store, liveness: Liveness, abort: tuple[Transfer, ...] = ()):
         self.store, self.liveness = store, liveness
+        self.abort = [t.key_for() for t in abort]
 
     def put(self, t: Transfer, obj, **fields) -> None:
         key = t.key_for(**fields)
@@ -71,13 +79,16 @@ class Channel:
     def ready(self, t: Transfer, **fields) -> bool:
         return self.store.check([t.key_for(**fields)])
 
-    def wait(self, t: Transfer, producers, **fields) -> None:
-        self.liveness.wait([t.key_for(**fields)], producers, what=f"{t.name} {fields or ''}".strip())
-
-    def get(self, t: Transfer, producers, delete: bool = False, **fields):
-        """The object put under `t` (waiting while `producers` live); `delete` frees it from the store."""
+    def wait(self, t: Transfer, producers, stoppable: bool = True, **fields) -> None:
         key = t.key_for(**fields)
-        self.wait(t, producers, **fields)
+        self.liveness.wait([key], producers, what=f"{t.name} {fields or ''}".strip(), stoppable=stoppable,
+                           abort=[k for k in self.abort if k != key])
+
+    def get(self, t: Transfer, producers, delete: bool = False, stoppable: bool = True, **fields):
+        """The object put under `t` (waiting while `producers` live); `delete` frees it from the store.
+        A stop request ends the wait (StopRequested) unless not `stoppable`."""
+        key = t.key_for(**fields)
+        self.wait(t, producers, stoppable=stoppable, **fields)
         n = int(self.store.get(key))
         obj = pickle.loads(b"".join(self.store.get(f"{key}#{i}") for i in range(n)))
         if delete:

@@ -11,16 +11,16 @@ import torch.distributed as dist
 from searchr1 import metrics as K
 from searchr1.config import Config, DataConfig, ScheduleConfig, WandbConfig
 from searchr1.dist import Topology
-from searchr1.liveness import Heartbeat, Liveness, MemberLost, StopFlag, StopRequested, post_failure
-from searchr1.protocol import BATCH, CHUNK_BYTES, TRANSFERS, WEIGHTS, Channel, step_units
+from searchr1.liveness import EXIT_STOPPED, Heartbeat, Liveness, MemberLost, StopFlag, StopRequested, Stopped, post_failure
+from searchr1.protocol import BATCH, CHUNK_BYTES, DONE, TRANSFERS, WEIGHTS, Channel, step_units
 from searchr1.roles.rollout import RolloutRole
 from searchr1.roles.trainer import LagError, TrainerRole
 from searchr1.schedule import Pipelined, Streaming, Sync, make_schedule
 from searchr1.trajectory import Trajectory
 
 
-def channel(store, timeout_s=5.0, stop=None):
-    return Channel(store, Liveness(store, timeout_s, stop=StopFlag() if stop is None else stop))
+def channel(store, timeout_s=5.0, stop=None, abort=()):
+    return Channel(store, Liveness(store, timeout_s, stop=StopFlag() if stop is None else stop), abort=abort)
 
 
 # ------------------------------------------------------------------------------------------ channel, liveness
@@ -188,22 +188,22 @@ class FakeWorker:
         return [{"id": q.qid, "em": 1.0, "f1": 1.0, "searches": 0, "prediction": "x"} for q in questions], {}
 
 
-def run_roles(tmp_path, cfg, slow_rank=None):
+def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=FakeLearner):
     store, shared = dist.HashStore(), {}
     for r in range(3):
         Heartbeat(lambda: store, f"rank{r}", 0.1).start()
     splits = Splits(train=list(range(40)), heldout=[Q(f"h{i}") for i in range(6)], corpus=[])
-    learner, applied = FakeLearner(), {1: [], 2: []}
+    learner, applied = learner_cls(), {1: [], 2: []}
     errors = []
 
     def trainer():
         topo = Topology(0, 3, 1)  # one trainer, two rollouts (ranks 1 and 2)
-        ch = channel(store)
+        ch = channel(store, stop=trainer_stop)
         TrainerRole(cfg, tmp_path, topo, ch, learner, FakeOut(ch, shared), splits).run()
 
     def rollout(rank):
         topo = Topology(rank, 3, 1)
-        ch = channel(store)
+        ch = channel(store, abort=(DONE,))
         worker = FakeWorker(splits, delay_s=0.3 if rank == slow_rank else 0.0)
         RolloutRole(cfg, tmp_path, topo, ch, worker, lambda first: FakeIn(ch, shared, first, applied[rank])).run()
 
@@ -219,8 +219,10 @@ def run_roles(tmp_path, cfg, slow_rank=None):
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert not errors, errors
-    return learner, applied, K.read_metrics(Path(tmp_path) / "metrics.jsonl")
+    if trainer_stop is None:
+        assert not errors, errors
+        return learner, applied, K.read_metrics(Path(tmp_path) / "metrics.jsonl")
+    return learner, errors, K.read_metrics(Path(tmp_path) / "metrics.jsonl")
 
 
 BASE = dict(eval_every=2, checkpoint_every=0, data=DataConfig(eval_size=6), wandb=WandbConfig(mode="disabled"))
@@ -254,3 +256,23 @@ def test_the_trainer_refuses_data_past_the_bound():
                         turn_versions=[3, 5])]
     with pytest.raises(LagError, match=r"q7 .* version 3 \(turns \[3, 5\]\), 3 behind; schedule sync allows at most 0"):
         role._check_lag(6, stale, Sync(cfg_with()))
+
+
+def test_a_stop_request_saves_the_completed_steps_and_ends_every_role(tmp_path):
+    """Preemption: the trainer finishes the step in progress, saves it, tells the rollouts; all exit 'stopped'."""
+    from searchr1 import checkpoint
+
+    stop = StopFlag()
+    cfg = cfg_with("sync", 0, steps=50, **BASE)
+
+    class Stopping(FakeLearner):
+        def step(self, trajs):
+            out = super().step(trajs)
+            if self.step_count == 3:
+                stop.set("SIGTERM")  # arrives while step 3 trains
+            return out
+
+    learner, errors, recs = run_roles(tmp_path, cfg, trainer_stop=stop, learner_cls=Stopping)
+    assert len(errors) == 3 and all(isinstance(e, Stopped) and e.code == EXIT_STOPPED for e in errors), errors
+    assert learner.step_count == 3 and [r[K.STEP] for r in recs if r[K.KIND] == K.TRAIN] == [1, 2, 3]
+    assert checkpoint.latest(tmp_path).name == "step_000003"

@@ -20,7 +20,7 @@ from searchr1 import dist
 from searchr1.config import Config
 from searchr1.data import load_splits
 from searchr1.liveness import Heartbeat, Liveness, post_failure
-from searchr1.protocol import Channel
+from searchr1.protocol import DONE, Channel
 from searchr1.rundir import REPO_ROOT, progress
 
 log = logging.getLogger("searchr1")
@@ -65,7 +65,8 @@ def run_rank(cfg: Config, run_dir: Path) -> None:
         groups = dist.init(topo, store, c.collective_timeout_s)
         log.info("joined world of %d on %s (pid %d, cores %s, %s threads)", topo.world, groups.device, os.getpid(),
                  ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads())
-        channel = Channel(store, Liveness(store, c.heartbeat_timeout_s, topo.describe))
+        channel = Channel(store, Liveness(store, c.heartbeat_timeout_s, topo.describe),
+                          abort=(DONE,) if topo.role == "rollout" else ())
         splits = load_splits(cfg.data, REPO_ROOT)
         role = _trainer if topo.role == "trainer" else _rollout
         role(cfg, run_dir, topo, groups, channel, splits).run()

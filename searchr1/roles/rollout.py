@@ -13,6 +13,7 @@ from pathlib import Path
 from searchr1 import faults
 from searchr1.config import Config
 from searchr1.dist import Topology
+from searchr1.liveness import RunEnded, StopRequested, Stopped
 from searchr1.metrics import PhaseTimer
 from searchr1.protocol import BATCH, BYE, DONE, EVAL, START, TIMES, Channel, chunk, step_units
 from searchr1.rundir import progress
@@ -29,6 +30,14 @@ class RolloutRole:
         self.trainer0 = topo.member(0)
 
     def run(self) -> None:
+        try:
+            self._run()
+        except (StopRequested, RunEnded) as why:
+            # the trainers stop (preemption, time limit): wait until trainer 0 has saved what a restart needs
+            done = self.channel.get(DONE, [self.trainer0], stoppable=False)
+            raise Stopped(f"{why}; the trainers stopped after step {done['step']}")
+
+    def _run(self) -> None:
         cfg, topo = self.cfg, self.topo
         start = self.channel.get(START, [self.trainer0])
         first = start["step"]

@@ -17,7 +17,8 @@ from searchr1 import checkpoint, faults, metrics
 from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.evaluation import write_predictions
-from searchr1.protocol import BATCH, BYE, DONE, EVAL, START, TIMES, Channel
+from searchr1.liveness import StopRequested, Stopped
+from searchr1.protocol import BATCH, BYE, DONE, EVAL, GO, START, TIMES, Channel
 from searchr1.rundir import progress
 from searchr1.schedule import Schedule, make_schedule
 
@@ -57,6 +58,8 @@ class TrainerRole:
         for step in range(start, cfg.steps):
             t = metrics.PhaseTimer()
             units = self._collect(step)
+            if units is None:
+                self._stop(step)
             trajs = [tr for u in units for tr in u["trajectories"]]
             self._check_lag(step, trajs, schedule)
             with t("train"):
@@ -86,17 +89,45 @@ class TrainerRole:
         if self.lead:
             self._drain_evals(block=True)
             self._finish()
-            self.channel.put(DONE, True)
+            self.channel.put(DONE, {"state": "done", "step": cfg.steps})
             for r in range(1, self.topo.world):  # the store lives in this process: stay until all have left
                 self.channel.wait(BYE, [self.topo.member(r)], rank=r)
         else:
             self.channel.wait(DONE, [self.topo.member(0)])
             self.channel.put(BYE, True, rank=self.topo.rank)
 
-    def _collect(self, step: int) -> list[dict]:
-        """The step's units, in unit order (the same batch whichever rank generated which unit)."""
+    def _collect(self, step: int) -> list[dict] | None:
+        """The step's units, in unit order (the same batch whichever rank generated which unit); None when a stop
+        was requested. Trainer 0 alone decides and tells the others (GO), so that the replicas either all train
+        the step (DDP collectives) or all stop before it."""
         n = self.topo.n_rollout
-        return [self.channel.get(BATCH, [self.rollouts[u]], step=step, unit=u) for u in range(n)]
+        if not self.lead:
+            if self.channel.get(GO, [self.topo.member(0)], stoppable=False, step=step) == "stop":
+                return None
+            return [self.channel.get(BATCH, [self.rollouts[u]], stoppable=False, step=step, unit=u) for u in range(n)]
+        try:
+            if self.channel.liveness.stop:
+                raise StopRequested(self.channel.liveness.stop.reason)
+            units = [self.channel.get(BATCH, [self.rollouts[u]], step=step, unit=u) for u in range(n)]
+        except StopRequested:
+            self.channel.put(GO, "stop", step=step)
+            return None
+        self.channel.put(GO, "train", step=step)
+        return units
+
+    def _stop(self, done: int) -> None:
+        """A stop was requested (preemption, time limit): save the completed steps, tell the rollouts, exit.
+        The step in progress, if any, was finished first: a stop loses no completed step."""
+        reason = self.channel.liveness.stop.reason or "a stop request"
+        latest = checkpoint.latest(self.run_dir)
+        if done > 0 and (latest is None or latest.name != f"step_{done:06d}"):
+            checkpoint.save(self.run_dir, done, self.learner, {"step": done, "version": done}, self.cfg.keep_checkpoints)
+        if self.lead:
+            self._drain_evals(block=False)
+            self.writer.close()
+            self.channel.put(DONE, {"state": "stopped", "step": done})
+            progress(self.run_dir, f"stopped ({reason}) after step {done}/{self.cfg.steps}; checkpoint saved")
+        raise Stopped(reason)
 
     def _check_lag(self, step: int, trajs, schedule: Schedule) -> None:
         for tr in trajs:

@@ -222,6 +222,20 @@ class TrainerConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """A supervised stage before RL on scripted trajectories of training questions (searchr1/scripted.py);
+    off by default (the paper's recipe). Its steps come before `steps` (the RL steps)."""
+
+    steps: int = 0
+    questions_per_step: int = 16
+    lr: float = 1e-5
+
+    def __post_init__(self):
+        _positive(self, "warm_start", "steps", strict=False)
+        _positive(self, "warm_start", "questions_per_step", "lr")
+
+
+@dataclass
 class ScheduleConfig:
     name: str = "sync"
     max_lag: int = 0  # policy versions a trained trajectory may be behind the weights it is trained into
@@ -258,8 +272,8 @@ class Config:
     mode: str = "train"  # train | eval
     experiment: str = "default"
     seed: int = 0
-    steps: int = 100
-    eval_every: int = 25  # 0: evaluate only before the first and after the last step
+    steps: int = 100  # RL steps (after warm_start.steps supervised ones, if any)
+    eval_every: int = 25  # 0: evaluate only before the first and after the last step (and where RL starts)
     eval_before: bool = True
     checkpoint_every: int = 25
     keep_checkpoints: int = 2  # older ones are deleted once a newer one is complete
@@ -277,6 +291,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -76,8 +76,7 @@ class Learner:
                  group: dist.ProcessGroup | None = None, seed: int = 0):
         """`group`: the trainer replicas' process group (None or size 1: no DDP). `seed` seeds the process's
         torch, numpy and python RNGs (the trainer role owns its process)."""
-        self.cfg, self.device = trainer, torch.device(device)
-        self.algo = resolve(ALGORITHMS, algo.name, "algo.name")(algo)
+        self.cfg, self.device, self.model_cfg = trainer, torch.device(device), model_cfg
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
@@ -95,20 +94,27 @@ class Learner:
         dtype, why = placement.compute_dtype(trainer.compute_dtype, self.device)
         log.info("trainer computes in %s (%s); master weights fp32", dtype, why)
         self.compute_dtype = None if dtype == torch.float32 else dtype
-        self.ref = None
-        if self.algo.needs_reference:
-            ref, _ = load_model(model_cfg, dtype=self.compute_dtype or torch.float32)
-            self.ref = ref.to(self.device).eval().requires_grad_(False)
         self.ddp = None
         if self.world > 1:
             idx = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.module, process_group=group, device_ids=idx)
+        self.step_count = 0
+        self.restart(algo, optim)
+
+    def restart(self, algo: AlgoConfig, optim: OptimConfig) -> None:
+        """Begin a stage: the objective `algo.name` with a fresh optimizer (a warm start's Adam moments do not
+        carry into RL). A KL reference is the policy as it is now: the start of this stage."""
+        self.algo = resolve(ALGORITHMS, algo.name, "algo.name")(algo)
+        self.ref = None
+        if self.algo.needs_reference:
+            ref, _ = load_model(self.model_cfg, dtype=self.compute_dtype or torch.float32)
+            ref.load_state_dict(self.module.state_dict())
+            self.ref = ref.to(self.device).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
         self.grad_clip, warmup = optim.grad_clip, optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
-        self.step_count = 0
 
     @property
     def model(self) -> torch.nn.Module:

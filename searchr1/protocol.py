@@ -121,11 +121,14 @@ def chunk(n: int, parts: int, i: int) -> range:
     return range(start, start + q + (i < r))
 
 
-def step_units(step: int, n_units: int, n_pool: int, questions_per_step: int, seed: int) -> list[Unit]:
-    """The work units of `step`: its questions (searchr1.data.step_questions) in `n_units` contiguous slices."""
-    idx = step_questions(n_pool, step, questions_per_step, seed)
+def step_units(step: int, n_units: int, n_pool: int, questions_per_step: int, seed: int,
+               position: int | None = None) -> list[Unit]:
+    """The work units of `step`: its questions (searchr1.data.step_questions at data `position`, the step by
+    default) in `n_units` contiguous slices, each with its own sampling seed."""
+    pos = step if position is None else position
+    idx = step_questions(n_pool, pos, questions_per_step, seed)
     units = []
     for u in range(n_units):
         r = chunk(questions_per_step, n_units, u)
-        units.append(Unit(step, u, tuple(idx[i] for i in r), r.start, seed * 100_003 + step * 1_009 + u))
+        units.append(Unit(step, u, tuple(idx[i] for i in r), r.start, seed * 100_003 + pos * 1_009 + u))
     return units

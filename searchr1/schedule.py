@@ -2,7 +2,9 @@
 are due. Both roles read the same schedule, so they agree on the order of the protocol's transfers.
 
 Versions: version v is the policy after v optimizer steps (version 0: the initial weights; a run resumed at
-step c starts from version c). Step s trains on a batch and turns version s into s + 1. A trajectory's lag
+step c starts from version c). Step s trains on a batch and turns version s into s + 1. With a warm start, the
+first `warm_start.steps` steps are supervised (scripted trajectories, algo sft) and RL starts at version
+`warm`, which is always evaluated: the learning experiment measures what RL adds from there. A trajectory's lag
 is s - (the oldest version any of its turns was generated with); `max_lag` bounds it.
 
 - `sync`: step s's batch comes from version s (lag 0): the roles take turns, as in the seed.
@@ -16,7 +18,10 @@ is s - (the oldest version any of its turns was generated with); `max_lag` bound
 """
 from __future__ import annotations
 
-from searchr1.config import Config
+from dataclasses import replace
+
+from searchr1.config import AlgoConfig, Config, OptimConfig
+from searchr1.protocol import Unit, step_units
 
 
 class Schedule:
@@ -25,22 +30,46 @@ class Schedule:
     turn_updates = False  # new weights may be applied between the turns of an episode
 
     def __init__(self, cfg: Config, start: int = 0):
-        self.steps, self.max_lag, self.start = cfg.steps, cfg.schedule.max_lag, start
+        self.cfg, self.warm = cfg, cfg.warm_start.steps
+        self.steps, self.max_lag, self.start = self.warm + cfg.steps, cfg.schedule.max_lag, start
         self.eval_every, self.eval_before, self.checkpoint_every = cfg.eval_every, cfg.eval_before, cfg.checkpoint_every
 
+    def stage(self, step: int) -> str:
+        """"sft" for the warm start's steps, "rl" after."""
+        return "sft" if step < self.warm else "rl"
+
+    def stage_configs(self, step: int) -> tuple[AlgoConfig, OptimConfig]:
+        """The objective and optimizer of `step`'s stage."""
+        if self.stage(step) == "rl":
+            return self.cfg.algo, self.cfg.optim
+        w = self.cfg.warm_start
+        return (AlgoConfig(name="sft", group_size=1, questions_per_step=w.questions_per_step),
+                replace(self.cfg.optim, lr=w.lr, warmup_steps=0))
+
+    def units(self, step: int, n_units: int, n_pool: int) -> list[Unit]:
+        """Step `step`'s work units. RL data positions count from the first RL step, so the questions RL sees do
+        not depend on the length of a warm start; the warm start draws from its own stream."""
+        algo, _ = self.stage_configs(step)
+        if self.stage(step) == "sft":
+            return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed + 7_919)
+        return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed, position=step - self.warm)
+
     def version_for(self, step: int) -> int:
-        """The version step `step`'s data is generated with (streaming: the oldest one it may be)."""
-        return max(step - self.max_lag, self.start)
+        """The version step `step`'s data is generated with (streaming: the oldest one it may be). Scripted
+        warm-start data needs no weights; RL never starts from data older than its first version."""
+        if self.stage(step) == "sft":
+            return max(step, self.start)
+        return max(step - self.max_lag, self.start, self.warm)
 
     def admits(self, step: int, version: int) -> bool:
-        """Whether data of `version` may be trained in `step`."""
-        return 0 <= step - version <= self.max_lag
+        """Whether data of `version` may be trained in `step` (scripted data carries no version)."""
+        return self.stage(step) == "sft" or 0 <= step - version <= self.max_lag
 
     def eval_due(self, version: int) -> bool:
         """Held-out evaluation of weights `version` (0 only if eval_before; always the last)."""
         if version == 0:
             return self.eval_before
-        return version == self.steps or (self.eval_every > 0 and version % self.eval_every == 0)
+        return version in (self.steps, self.warm) or (self.eval_every > 0 and version % self.eval_every == 0)
 
     def evals(self, after: int, upto: int) -> list[int]:
         """The versions in (after, upto] due for evaluation, in order."""

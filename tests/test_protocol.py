@@ -121,6 +121,9 @@ class FakeLearner:
     def __init__(self):
         self.step_count, self.trained = 0, []
 
+    def restart(self, algo, optim):
+        self.restarts = getattr(self, "restarts", []) + [(self.step_count, algo.name)]
+
     def step(self, trajs):
         self.trained.append(sorted({t.policy_version for t in trajs}))
         self.step_count += 1
@@ -176,7 +179,7 @@ class FakeWorker:
     def __init__(self, splits, delay_s=0.0):
         self.splits, self.delay_s = splits, delay_s
 
-    def generate(self, unit, version):
+    def generate(self, unit, version, stage="rl"):
         time.sleep(self.delay_s)
         trajs = [Trajectory(qid=f"q{q}", group=unit.group_offset + i, prompt_ids=[1], response_ids=[2],
                             loss_mask=[1], logprobs=[0.0], reward=float(q % 2), turn_versions=[version()])
@@ -199,7 +202,7 @@ def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=Fake
     def trainer():
         topo = Topology(0, 3, 1)  # one trainer, two rollouts (ranks 1 and 2)
         ch = channel(store, stop=trainer_stop)
-        TrainerRole(cfg, tmp_path, topo, ch, learner, FakeOut(ch, shared), splits).run()
+        TrainerRole(cfg, tmp_path, topo, ch, lambda algo, optim: learner, FakeOut(ch, shared), splits).run()
 
     def rollout(rank):
         topo = Topology(rank, 3, 1)
@@ -276,3 +279,17 @@ def test_a_stop_request_saves_the_completed_steps_and_ends_every_role(tmp_path):
     assert len(errors) == 3 and all(isinstance(e, Stopped) and e.code == EXIT_STOPPED for e in errors), errors
     assert learner.step_count == 3 and [r[K.STEP] for r in recs if r[K.KIND] == K.TRAIN] == [1, 2, 3]
     assert checkpoint.latest(tmp_path).name == "step_000003"
+
+
+def test_a_warm_start_runs_supervised_steps_then_rl_from_its_own_version(tmp_path):
+    from searchr1.config import WarmStartConfig
+
+    cfg = cfg_with("sync", 0, steps=3, **BASE)
+    cfg.warm_start = WarmStartConfig(steps=2, questions_per_step=4)
+    cfg.eval_every = 0
+    learner, applied, recs = run_roles(tmp_path, cfg)
+    assert learner.restarts == [(2, "grpo")]  # RL's objective and a fresh optimizer where it begins
+    train = [r for r in recs if r[K.KIND] == K.TRAIN]
+    assert [(r[K.STEP], r["stage"]) for r in train] == [(1, "sft"), (2, "sft"), (3, "rl"), (4, "rl"), (5, "rl")]
+    assert [r[K.TRAJECTORIES] for r in train] == [4, 4, 16, 16, 16]  # the fake worker: one per question
+    assert sorted(r[K.STEP] for r in recs if r[K.KIND] == K.EVAL) == [0, 2, 5]  # before, where RL starts, end

@@ -91,9 +91,11 @@ def _trainer(cfg, run_dir, topo, groups, channel, splits):
     from searchr1.roles.weights import WeightsOut
     from searchr1.weightsync import Publisher
 
-    learner = Learner(cfg.model, cfg.algo, cfg.optim, cfg.trainer, groups.device, groups.trainer, cfg.seed)
+    def make_learner(algo, optim):
+        return Learner(cfg.model, algo, optim, cfg.trainer, groups.device, groups.trainer, cfg.seed)
+
     out = WeightsOut(channel, Publisher(groups.sync, cfg.sync, groups.device)) if topo.rank == 0 else None
-    return TrainerRole(cfg, run_dir, topo, channel, learner, out, splits)
+    return TrainerRole(cfg, run_dir, topo, channel, make_learner, out, splits)
 
 
 def _rollout(cfg, run_dir, topo, groups, channel, splits):

@@ -15,7 +15,7 @@ from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.liveness import RunEnded, StopRequested, Stopped
 from searchr1.metrics import PhaseTimer
-from searchr1.protocol import BATCH, BYE, DONE, EVAL, START, TIMES, Channel, chunk, step_units
+from searchr1.protocol import BATCH, BYE, DONE, EVAL, START, TIMES, Channel, chunk
 from searchr1.rundir import progress
 from searchr1.schedule import make_schedule
 
@@ -48,21 +48,19 @@ class RolloutRole:
         if start["evaluate"]:
             with t("eval"):
                 self._evaluate(first)
-        for step in range(first, cfg.steps):
+        for step in range(first, self.schedule.steps):
             if step > first:
                 t = PhaseTimer()
             self._advance(self.schedule.version_for(step), t)
-            units = step_units(step, topo.n_rollout, len(self.worker.splits.train), cfg.algo.questions_per_step,
-                               cfg.seed)
-            unit = units[topo.rollout_index]
+            unit = self.schedule.units(step, topo.n_rollout, len(self.worker.splits.train))[topo.rollout_index]
             with t("rollout"):
                 faults.hit("rollout", topo.rank, step)
-                trajs, m = self.worker.generate(unit, version=lambda: self.weights.applied)
+                trajs, m = self.worker.generate(unit, lambda: self.weights.applied, self.schedule.stage(step))
             with t("transfer"):
                 self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m}, step=step,
                                  unit=unit.index)
             self.channel.put(TIMES, t.close(), step=step, rank=topo.rank)
-        self._advance(cfg.steps, PhaseTimer())
+        self._advance(self.schedule.steps, PhaseTimer())
         self.channel.wait(DONE, [self.trainer0])
         self.channel.put(BYE, True, rank=topo.rank)
 

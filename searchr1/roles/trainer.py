@@ -30,11 +30,12 @@ class LagError(RuntimeError):
 
 
 class TrainerRole:
-    def __init__(self, cfg: Config, run_dir: Path, topo: Topology, channel: Channel, learner, weights_out,
+    def __init__(self, cfg: Config, run_dir: Path, topo: Topology, channel: Channel, make_learner, weights_out,
                  splits, writer_factory=metrics.MetricsWriter):
-        """`weights_out`: trainer rank 0's publisher (None on the other trainer ranks)."""
+        """`make_learner(algo, optim)` builds the learner for a stage; `weights_out`: trainer rank 0's publisher
+        (None on the other trainer ranks)."""
         self.cfg, self.run_dir, self.topo, self.channel = cfg, Path(run_dir), topo, channel
-        self.learner, self.weights_out, self.splits = learner, weights_out, splits
+        self.make_learner, self.weights_out, self.splits = make_learner, weights_out, splits
         self.lead = topo.rank == 0
         self.writer_factory = writer_factory
         self.rollouts = [topo.member(r) for r in topo.rollout_ranks]
@@ -43,20 +44,24 @@ class TrainerRole:
     def run(self) -> None:
         cfg = self.cfg
         point = checkpoint.resume_point(self.run_dir, cfg.resume)
-        start = int(checkpoint.load(point, self.learner)["step"]) if point else 0
-        if point:
-            log.info("resumed from %s at step %d", point, start)
+        start = int(checkpoint.read_extra(point)["step"]) if point else 0
         schedule = make_schedule(cfg, start)
+        self.learner = self.make_learner(*schedule.stage_configs(start))
+        if point:
+            checkpoint.load(point, self.learner)
+            log.info("resumed from %s at step %d", point, start)
         self.writer = self.writer_factory(cfg, self.run_dir, resume_step=start) if self.lead else None
         if self.lead:
             evaluated = {r[metrics.STEP] for r in metrics.records(self.writer.path, metrics.EVAL)}
-            self.pending = [v for v in range(start, cfg.steps + 1) if schedule.eval_due(v) and v not in evaluated]
+            self.pending = [v for v in range(start, schedule.steps + 1) if schedule.eval_due(v) and v not in evaluated]
             self._write_data_manifest()
             self.channel.put(START, {"step": start, "evaluate": self.pending[:1] == [start]})
             self.weights_out.publish(self.learner.bf16_weights(), version=start)
         t_run = time.perf_counter()
-        for step in range(start, cfg.steps):
+        for step in range(start, schedule.steps):
             t = metrics.PhaseTimer()
+            if step == schedule.warm > 0:
+                self.learner.restart(*schedule.stage_configs(step))  # RL begins: its objective, a fresh optimizer
             units = self._collect(step)
             if units is None:
                 self._stop(step)
@@ -84,12 +89,14 @@ class TrainerRole:
                                    for r in range(1, self.topo.world)]
             rec = metrics.step_record(step, trajs, [u["metrics"] for u in units], train_m, pub_m, times,
                                       self.topo.n_trainer)
+            if schedule.warm:
+                rec["stage"] = schedule.stage(step)
             self.writer.log(rec)
-            self._progress(step, rec, t_run, start)
+            self._progress(step, rec, t_run, start, schedule)
         if self.lead:
             self._drain_evals(block=True)
             self._finish()
-            self.channel.put(DONE, {"state": "done", "step": cfg.steps})
+            self.channel.put(DONE, {"state": "done", "step": schedule.steps})
             for r in range(1, self.topo.world):  # the store lives in this process: stay until all have left
                 self.channel.wait(BYE, [self.topo.member(r)], rank=r)
         else:
@@ -126,7 +133,7 @@ class TrainerRole:
             self._drain_evals(block=False)
             self.writer.close()
             self.channel.put(DONE, {"state": "stopped", "step": done})
-            progress(self.run_dir, f"stopped ({reason}) after step {done}/{self.cfg.steps}; checkpoint saved")
+            progress(self.run_dir, f"stopped ({reason}) after step {done}; checkpoint saved")
         raise Stopped(reason)
 
     def _check_lag(self, step: int, trajs, schedule: Schedule) -> None:
@@ -157,11 +164,12 @@ class TrainerRole:
             progress(self.run_dir, msg)
             self.pending.pop(0)
 
-    def _progress(self, step: int, rec: dict, t_run: float, start: int) -> None:
-        done, total = step + 1, self.cfg.steps
+    def _progress(self, step: int, rec: dict, t_run: float, start: int, schedule: Schedule) -> None:
+        done, total = step + 1, schedule.steps
         per_step = (time.perf_counter() - t_run) / (done - start)
         eta = per_step * (total - done)
-        progress(self.run_dir, f"step {done}/{total} | reward {rec[metrics.REWARD]:.3f} | answered "
+        stage = f" {schedule.stage(step)}" if schedule.warm else ""
+        progress(self.run_dir, f"step {done}/{total}{stage} | reward {rec[metrics.REWARD]:.3f} | answered "
                                f"{rec[metrics.ANSWER_RATE]:.2f} | searches {rec[metrics.SEARCHES]:.2f} | "
                                f"{rec[metrics.STEP_S]:.1f} s/step | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
 
@@ -176,7 +184,8 @@ class TrainerRole:
     def _finish(self) -> None:
         self.writer.close()
         evals = metrics.records(self.run_dir / "metrics.jsonl", metrics.EVAL)
-        summary = {"run_dir": str(self.run_dir), "steps": self.cfg.steps, "evals": evals}
+        summary = {"run_dir": str(self.run_dir), "steps": self.cfg.warm_start.steps + self.cfg.steps,
+                   "warm_start_steps": self.cfg.warm_start.steps, "evals": evals}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         if len(evals) >= 2:
             first, last = evals[0], evals[-1]

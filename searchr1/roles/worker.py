@@ -19,7 +19,8 @@ from searchr1.data import Question, Splits
 from searchr1.engines import make_engine
 from searchr1.evaluation import evaluate
 from searchr1.protocol import Unit
-from searchr1.retrieval import load_or_build, make_retrieve
+from searchr1.retrieval import format_passages, load_or_build, make_retrieve
+from searchr1.scripted import scripted_episodes
 from searchr1.reward import make_score
 
 log = logging.getLogger(__name__)
@@ -31,18 +32,24 @@ class Worker:
         """`model` overrides cfg.model (mode=eval of a checkpoint)."""
         self.cfg, self.splits = cfg, splits
         t0 = time.perf_counter()
-        index = load_or_build(splits.corpus, cfg.retriever) if cfg.agent.search else None
+        self.index = load_or_build(splits.corpus, cfg.retriever) if cfg.agent.search else None
         t1 = time.perf_counter()
         self.engine = make_engine(model or cfg.model, cfg.engine, cfg.agent.max_context_tokens, device)
-        self.retrieve = make_retrieve(index, self.engine.tokenizer, cfg.retriever) if index is not None else None
+        self.retrieve = make_retrieve(self.index, self.engine.tokenizer, cfg.retriever) if self.index else None
         self.score = make_score(cfg.reward.name, cfg.reward.format_score)
         log.info("rollout worker ready: index of %d passages in %.1fs, %s engine in %.1fs",
                  len(splits.corpus), t1 - t0, cfg.engine.name, time.perf_counter() - t1)
 
-    def generate(self, unit: Unit, version: Callable[[], int]) -> tuple[list, dict]:
+    def generate(self, unit: Unit, version: Callable[[], int], stage: str = "rl") -> tuple[list, dict]:
         """One work unit: `algo.group_size` sampled trajectories per question, seeded by the unit; `version()`
-        names the weights each turn is generated with."""
+        names the weights each turn is generated with. In the warm start's stage, one scripted trajectory per
+        question instead (searchr1/scripted.py)."""
         questions = [self.splits.train[i] for i in unit.questions]
+        if stage == "sft":
+            r, tok = self.cfg.retriever, self.engine.tokenizer
+            return scripted_episodes(questions, tok, lambda qs: self.index.search(qs, r.top_k),
+                                     lambda hits: format_passages(hits, tok, r.passage_max_tokens), self.cfg.agent,
+                                     self.score, unit.group_offset)
         sampling = sampling_for(self.cfg.agent, self.cfg.sampling, seed=unit.seed)
         return run_episodes(self.engine, questions, self.cfg.algo.group_size, self.retrieve, self.cfg.agent,
                             sampling, self.score, version, group_offset=unit.group_offset)

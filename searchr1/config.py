@@ -183,9 +183,16 @@ class AlgoConfig:
     kl_coef: float = 0.0  # > 0 loads a frozen reference model (Search-R1: 0.001, k3)
     kl_estimator: str = "k3"  # k1 | k2 | k3
     entropy_coef: float = 0.0
+    # ratio: PPO's ratio against the behaviour policy (the seed's, exact when on-policy). decoupled: AReaL's
+    # objective for data some versions old (searchr1/grpo.py decoupled_policy_loss), its importance weight
+    # truncated at is_cap; also corrects the engine/trainer numerics mismatch on-policy.
+    off_policy: str = "ratio"
+    is_cap: float = 2.0
 
     def __post_init__(self):
         _one_of("algo.name", self.name, registry.ALGORITHMS)
+        _one_of("algo.off_policy", self.off_policy, {"ratio", "decoupled"})
+        _check(self.is_cap >= 1, "algo.is_cap", self.is_cap, "must be >= 1")
         _check(self.group_size >= (2 if self.name == "grpo" else 1), "algo.group_size", self.group_size,
                "must be >= 2 for grpo (advantages are relative)")
         _positive(self, "algo", "questions_per_step", "adv_eps")
@@ -215,9 +222,13 @@ class TrainerConfig:
     micro_batch_tokens: int = 8192  # padded tokens per forward/backward; gradient accumulation beyond
     gradient_checkpointing: bool = False  # recompute layer activations in backward (3B on one GPU per replica)
     compute_dtype: str = "auto"  # fp32 master weights; autocast to bf16 where the device computes it fast
+    # 0: train every parameter (the paper's recipe). N: only the last N decoder layers and the final norm; the
+    # rest is frozen, so backward stops below them (a CPU budget: 15 of 30 layers trains 1.6x faster, measured)
+    train_top_layers: int = 0
 
     def __post_init__(self):
         _positive(self, "trainer", "micro_batch_tokens")
+        _positive(self, "trainer", "train_top_layers", strict=False)
         _one_of("trainer.compute_dtype", self.compute_dtype, registry.COMPUTE_DTYPES)
 
 

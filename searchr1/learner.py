@@ -86,6 +86,8 @@ class Learner:
         model, self.tokenizer = load_model(model_cfg, dtype=torch.float32)
         self.module = model.to(self.device).train()
         self.module.config.use_cache = False
+        if trainer.train_top_layers:
+            _freeze_below(self.module, trainer.train_top_layers)
         if trainer.gradient_checkpointing:
             # non-reentrant: the reentrant variant breaks DDP's gradient hooks under no_sync
             self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -156,8 +158,8 @@ class Learner:
             return sum((grpo.token_entropy(c[None]).sum() for c in logits_nv.split(1024)),
                        torch.zeros((), device=self.device))
 
-    def _micro_step(self, mb: dict, denom: float) -> torch.Tensor:
-        """Forward + backward of one micro-batch; returns its sums in the algorithm's SUMS order."""
+    def _micro_step(self, mb: dict, denom: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward + backward of one micro-batch; returns its SUMS and MAXES (the algorithm's order)."""
         logp_bt, logits_nv = self._logprobs(self.ddp or self.module, mb)
         ref_logp_bt = None
         if self.ref is not None:
@@ -167,7 +169,9 @@ class Learner:
         # DDP averages gradients over the replicas; each replica's loss already carries the global denominator.
         (loss * self.world).backward()
         sums["entropy"] = self._entropy_sum(logits_nv.detach())
-        return torch.stack([sums[k] for k in self.algo.SUMS])
+        maxes = [sums[k].reshape(()) for k in self.algo.MAXES]
+        return (torch.stack([sums[k] for k in self.algo.SUMS]),
+                torch.stack(maxes) if maxes else torch.zeros(0, device=self.device))
 
     def step(self, trajs: list[Trajectory]) -> dict[str, float]:
         """One optimizer step on the step's full list of trajectories (identical on every trainer rank);
@@ -182,12 +186,15 @@ class Learner:
         mine = [train[k] for k in shard_indices([seq_len[i] for i in train], self.world, self.rank)]
         batches = pack_micro_batches([seq_len[i] for i in mine], self.cfg.micro_batch_tokens)
         sums = torch.zeros(len(self.algo.SUMS), device=self.device)
+        maxes = torch.zeros(len(self.algo.MAXES), device=self.device)
         for j, rows in enumerate(batches):
             idx = [mine[r] for r in rows]
             mb = collate([trajs[i] for i in idx], coef_b[idx], self.pad_id, self.device)
             last = j == len(batches) - 1
             with self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext():
-                sums += self._micro_step(mb, denom)
+                s, m = self._micro_step(mb, denom)
+            sums += s
+            maxes = torch.maximum(maxes, m)
         if not batches and train and self.ddp is not None:
             self._idle_backward()  # the other replicas' gradient all-reduce needs this rank too
         for p in self.module.parameters():
@@ -195,6 +202,8 @@ class Learner:
                 p.grad = torch.zeros_like(p)
         if self.group is not None and self.world > 1:
             dist.all_reduce(sums, group=self.group)
+            if maxes.numel():
+                dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=self.group)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip))
         if not np.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm {grad_norm} at step {self.step_count + 1}; "
@@ -204,7 +213,8 @@ class Learner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
-        out = {"step": float(self.step_count), **self.algo.summarize(dict(zip(self.algo.SUMS, sums.tolist()))),
+        stats = {**dict(zip(self.algo.SUMS, sums.tolist())), **dict(zip(self.algo.MAXES, maxes.tolist()))}
+        out = {"step": float(self.step_count), **self.algo.summarize(stats),
                "grad_norm": grad_norm, **algo_m, "tokens_generated": float(sum(t.generated_tokens for t in trajs)),
                "lr": lr}
         return {f"train/{k}": v for k, v in out.items()}
@@ -252,3 +262,17 @@ class Learner:
         if self.group is not None and self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             dist.barrier(group=self.group, device_ids=ids)
+
+
+def _freeze_below(model: torch.nn.Module, top: int) -> None:
+    """Train only the last `top` decoder layers and the final norm. Frozen layers below them get no graph at
+    all (their inputs need no gradient), so backward and its activations stop at the first trained layer."""
+    layers = model.model.layers
+    if not 0 < top <= len(layers):
+        raise ValueError(f"trainer.train_top_layers={top}: the model has {len(layers)} decoder layers")
+    model.requires_grad_(False)
+    for module in list(layers[len(layers) - top:]) + [model.model.norm]:
+        module.requires_grad_(True)
+    log.info("training the last %d of %d decoder layers (%.1fM of %.1fM parameters)", top, len(layers),
+             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
+             sum(p.numel() for p in model.parameters()) / 1e6)

@@ -138,3 +138,38 @@ def test_token_logprobs_and_entropy_match_log_softmax():
     ent = grpo.token_entropy(logits_btv, temperature=0.7)
     torch.testing.assert_close(ent, -(ref_btv.exp() * ref_btv).sum(-1))
     assert grpo.token_entropy(torch.zeros(1, 1, 8)).item() == pytest.approx(math.log(8))
+
+
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_decoupled_loss_and_truncated_weights_by_hand(adv):
+    """Two trained tokens, current (= proximal) p = [0.5, 0.2], behaviour p = [0.25, 0.4]: importance weights
+    [2.0, 0.5], truncated at 1.5 to [1.5, 0.5]. One update per batch: the ratio against the proximal policy is 1,
+    so each token's gradient is -A * w_truncated / tokens."""
+    logp = torch.tensor([[math.log(0.5), math.log(0.2)]], requires_grad=True)
+    old = torch.tensor([[math.log(0.25), math.log(0.4)]])
+    mask = torch.ones(1, 2)
+    loss, st = grpo.decoupled_policy_loss(logp, old, torch.tensor([adv]), mask, clip_eps=0.2, is_cap=1.5,
+                                          agg="token_mean")
+    assert loss.item() == pytest.approx(-adv * (1.5 + 0.5) / 2)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-adv * 0.75, -adv * 0.25])
+    assert st["is_sum"].item() == pytest.approx(2.5) and st["is_sq_sum"].item() == pytest.approx(4.25)
+    assert st["is_truncated"].item() == 1 and st["is_max"].item() == pytest.approx(2.0)
+    assert st["clip_frac"].item() == 0.0
+    # the naive ratio against the behaviour policy clips the stale token (no gradient) when A > 0 ...
+    logp2 = logp.detach().clone().requires_grad_(True)
+    naive, _ = grpo.policy_loss(logp2, old, torch.tensor([adv]), mask, clip_eps=0.2, agg="token_mean")
+    naive.backward()
+    want = [0.0, -adv * 0.25] if adv > 0 else [-adv * 1.0, 0.0]  # ... and the other token when A < 0
+    assert logp2.grad[0].tolist() == pytest.approx(want)
+
+
+def test_decoupled_loss_on_policy_is_the_plain_policy_gradient():
+    """Behaviour equal to the current policy: weights 1, the decoupled loss equals PPO's."""
+    torch.manual_seed(0)
+    logp = torch.randn(3, 5) - 2
+    mask = (torch.rand(3, 5) > 0.3).float()
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    a, _ = grpo.decoupled_policy_loss(logp, logp, adv, mask, 0.2, 2.0, "token_mean")
+    b, _ = grpo.policy_loss(logp, logp, adv, mask, 0.2, "token_mean")
+    assert a.item() == pytest.approx(b.item())

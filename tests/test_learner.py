@@ -30,7 +30,7 @@ def assert_same_update(a, b, lr, atol=ADAM_ATOL):
 
 
 _OPTIM = {"lr", "weight_decay", "warmup_steps"}
-_TRAINER = {"micro_batch_tokens", "gradient_checkpointing"}
+_TRAINER = {"micro_batch_tokens", "gradient_checkpointing", "train_top_layers"}
 
 
 def learner(dtype="float32", group=None, seed=0, **kw):
@@ -400,3 +400,13 @@ def test_sft_lowers_the_nll_of_generated_tokens_and_ignores_information():
         t.response_ids = [x if m else 4321 for x, m in zip(t.response_ids, t.loss_mask)]
     ma, mb = metrics(a.step(trajs)), metrics(b.step(other))
     assert ma["tokens_trained"] == mb["tokens_trained"] == sum(t.generated_tokens for t in trajs)
+
+
+def test_training_only_the_top_layers_leaves_the_rest_bit_for_bit():
+    tr = learner(lr=1e-2, train_top_layers=1)
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    tr.step(make_trajs(41))
+    moved = {n for n, p in tr.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(n.startswith(("model.layers.1.", "model.norm.")) for n in moved), sorted(moved)
+    with pytest.raises(ValueError, match="train_top_layers=3: the model has 2 decoder layers"):
+        learner(train_top_layers=3)

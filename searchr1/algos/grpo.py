@@ -17,8 +17,11 @@ from searchr1.trajectory import Trajectory
 
 
 class GRPO:
-    # the summed statistics of a micro-batch, in this order (the learner stacks and all-reduces them)
-    SUMS = ("loss", "clip_tokens", "approx_kl_tokens", "entropy", "kl", "tokens", "rows")
+    # the statistics of a micro-batch, in this order: summed (SUMS) or maxed (MAXES) over micro-batches and
+    # replicas by the learner
+    SUMS = ("loss", "clip_tokens", "approx_kl_tokens", "entropy", "kl", "tokens", "rows", "is_sum", "is_sq_sum",
+            "is_truncated")
+    MAXES = ("is_max",)
 
     def __init__(self, cfg: AlgoConfig):
         self.cfg = cfg
@@ -47,7 +50,15 @@ class GRPO:
         `logits_nv` are the trained positions' logits (for the entropy bonus); `ref_logp_bt` the frozen
         reference's log-probs when `needs_reference`."""
         a, mask_bt = self.cfg, mb["mask_bt"]
-        loss, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
+        if a.off_policy == "decoupled":
+            loss, st = grpo.decoupled_policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.is_cap,
+                                                  a.loss_agg, denom)
+        else:
+            loss, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
+            with torch.no_grad():  # the same weights, reported: how far behaviour and trainer disagree
+                on_bt = mask_bt.bool()
+                w_bt = torch.exp(torch.where(on_bt, logp_bt - mb["old_bt"], torch.zeros_like(logp_bt)).clamp(max=20))
+                st.update(grpo.importance_stats(w_bt, on_bt, a.is_cap))
         kl_sum = torch.zeros((), device=logp_bt.device)
         if ref_logp_bt is not None:
             kl_bt = grpo.kl_penalty(logp_bt, ref_logp_bt, mask_bt, a.kl_estimator)
@@ -59,12 +70,16 @@ class GRPO:
         n = st["tokens"].float()
         return loss, {"loss": loss.detach(), "clip_tokens": st["clip_frac"] * n,
                       "approx_kl_tokens": st["approx_kl"] * n, "kl": kl_sum, "tokens": n,
-                      "rows": torch.tensor(float(mask_bt.shape[0]), device=logp_bt.device)}
+                      "rows": torch.tensor(float(mask_bt.shape[0]), device=logp_bt.device),
+                      **{k: st[k] for k in ("is_sum", "is_sq_sum", "is_truncated", "is_max")}}
 
     def summarize(self, sums: dict[str, float]) -> dict[str, float]:
         n = max(sums["tokens"], 1)
         out = {"loss": sums["loss"], "clip_frac": sums["clip_tokens"] / n, "approx_kl": sums["approx_kl_tokens"] / n,
-               "entropy": sums["entropy"] / n, "tokens_trained": sums["tokens"], "seqs_trained": sums["rows"]}
+               "entropy": sums["entropy"] / n, "tokens_trained": sums["tokens"], "seqs_trained": sums["rows"],
+               # importance weights pi_current / pi_behav over trained tokens (truncated at is_cap when decoupled)
+               "is/mean": sums["is_sum"] / n, "is/max": sums["is_max"], "is/truncated_frac": sums["is_truncated"] / n,
+               "is/ess": sums["is_sum"] ** 2 / (n * sums["is_sq_sum"]) if sums["is_sq_sum"] > 0 else 1.0}
         if self.needs_reference:
             out["kl_ref"] = sums["kl"] / n
         return out

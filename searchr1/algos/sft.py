@@ -14,6 +14,7 @@ from searchr1.trajectory import Trajectory
 
 class SFT:
     SUMS = ("loss", "nll_tokens", "entropy", "tokens", "rows")
+    MAXES = ()
     needs_reference = False
 
     def __init__(self, cfg: AlgoConfig):

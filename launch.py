@@ -47,7 +47,8 @@ def main(dcfg: DictConfig) -> None:
         from searchr1.cluster.slurm import launch
     else:
         from searchr1.cluster.local import launch
-    rc = launch(cfg, run_dir, job.evaluation(cfg) if cfg.mode == "eval" else job.training(cfg))
+    todo = job.joining(cfg) if cfg.join else job.evaluation(cfg) if cfg.mode == "eval" else job.training(cfg)
+    rc = launch(cfg, run_dir, todo)
     if rc != 0:
         # Under -m a failed sweep point must not stop the others; a single run exits with its code.
         if _is_multirun():

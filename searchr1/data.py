@@ -46,6 +46,13 @@ class Splits:
     heldout: list[Question]
     corpus: list[dict]  # {"title", "text"}, deduplicated by title, in first-seen order
     corpus_scope: str
+    dev: list[Question] = field(default_factory=list)  # training questions kept out of training (data.dev_size)
+    eval_on: str = "heldout"
+
+    @property
+    def evaluation(self) -> list[Question]:
+        """The questions evaluations run on: the held-out set, or the dev set when tuning (data.eval_on)."""
+        return self.dev if self.eval_on == "dev" else self.heldout
 
 
 def _records(path: Path):
@@ -200,7 +207,15 @@ def load_splits(cfg: DataConfig, root: str | Path = ".") -> Splits:
     if overlap:
         raise DataError(f"training and held-out questions overlap on {len(overlap)} ids, e.g. {sorted(overlap)[0]}")
     scope = train + heldout if cfg.corpus_scope == "train+eval" else train
-    return Splits(train=train, heldout=heldout, corpus=build_corpus(scope), corpus_scope=cfg.corpus_scope)
+    corpus = build_corpus(scope)  # dev questions are training questions: their paragraphs stay indexed
+    dev = []
+    if cfg.dev_size:
+        if cfg.dev_size >= len(train):
+            raise DataError(f"data.dev_size={cfg.dev_size}: the training pool has only {len(train)} questions")
+        chosen = set(random.Random(0).sample(sorted(q.qid for q in train), cfg.dev_size))
+        dev, train = [q for q in train if q.qid in chosen], [q for q in train if q.qid not in chosen]
+    return Splits(train=train, heldout=heldout, corpus=corpus, corpus_scope=cfg.corpus_scope, dev=dev,
+                  eval_on=cfg.eval_on)
 
 
 def step_questions(n_pool: int, step: int, per_step: int, seed: int) -> list[int]:

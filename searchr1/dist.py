@@ -70,9 +70,13 @@ class Groups:
     device: torch.device
 
 
-def topology_from_env(n_trainer: int) -> Topology:
+def topology_from_env(n_trainer: int, elastic: bool = False) -> Topology:
+    """The rank's topology. With elastic rollouts the world is the trainers alone (the rollouts are workers)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if not 0 < n_trainer < world:
+    if elastic and world != n_trainer:
+        raise ValueError(f"elastic rollouts: the world must be the cluster.trainer_ranks={n_trainer} trainers, "
+                         f"not {world} ranks")
+    if not elastic and not 0 < n_trainer < world:
         raise ValueError(f"cluster.trainer_ranks={n_trainer} leaves no rollout rank in a world of {world}")
     return Topology(rank=rank, world=world, n_trainer=n_trainer)
 

@@ -73,10 +73,14 @@ def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -
 
 class Learner:
     def __init__(self, model_cfg: ModelConfig, algo: AlgoConfig, optim: OptimConfig, trainer: TrainerConfig, device,
-                 group: dist.ProcessGroup | None = None, seed: int = 0):
+                 group: dist.ProcessGroup | None = None, seed: int = 0, temperature: float = 1.0,
+                 train_top_layers: int | None = None):
         """`group`: the trainer replicas' process group (None or size 1: no DDP). `seed` seeds the process's
-        torch, numpy and python RNGs (the trainer role owns its process)."""
-        self.cfg, self.device, self.model_cfg = trainer, torch.device(device), model_cfg
+        torch, numpy and python RNGs (the trainer role owns its process). `temperature`: the rollouts' sampling
+        temperature, at which the behaviour log-probs were reported and are recomputed (engines/base.py)."""
+        if temperature <= 0:
+            raise ValueError(f"sampling.temperature={temperature}: training needs sampled log-probs (> 0)")
+        self.cfg, self.device, self.model_cfg, self.temperature = trainer, torch.device(device), model_cfg, temperature
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
@@ -86,8 +90,9 @@ class Learner:
         model, self.tokenizer = load_model(model_cfg, dtype=torch.float32)
         self.module = model.to(self.device).train()
         self.module.config.use_cache = False
-        if trainer.train_top_layers:
-            _freeze_below(self.module, trainer.train_top_layers)
+        top = trainer.train_top_layers if train_top_layers is None else train_top_layers
+        if top:
+            _freeze_below(self.module, top)
         if trainer.gradient_checkpointing:
             # non-reentrant: the reentrant variant breaks DDP's gradient hooks under no_sync
             self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -103,10 +108,23 @@ class Learner:
         self.step_count = 0
         self.restart(algo, optim)
 
-    def restart(self, algo: AlgoConfig, optim: OptimConfig) -> None:
+    def restart(self, algo: AlgoConfig, optim: OptimConfig, train_top_layers: int | None = None) -> None:
         """Begin a stage: the objective `algo.name` with a fresh optimizer (a warm start's Adam moments do not
-        carry into RL). A KL reference is the policy as it is now: the start of this stage."""
+        carry into RL), training the top `train_top_layers` layers (0: all; None: as they are). A KL reference
+        is the policy as it is now: the start of this stage."""
+        if train_top_layers is not None:
+            before = [p.requires_grad for p in self.module.parameters()]
+            if train_top_layers:
+                _freeze_below(self.module, train_top_layers)
+            else:
+                self.module.requires_grad_(True)
+            if self.ddp is not None and before != [p.requires_grad for p in self.module.parameters()]:
+                # DDP hooks the parameters that need gradients when it wraps the model: wrap it anew
+                idx = [self.device.index] if self.device.type == "cuda" else None
+                self.ddp = DistributedDataParallel(self.module, process_group=self.group, device_ids=idx)
         self.algo = resolve(ALGORITHMS, algo.name, "algo.name")(algo)
+        # sampled data is scored at its sampling temperature; supervised targets at the model's own (1)
+        self.t = self.temperature if self.algo.sampled else 1.0
         self.ref = None
         if self.algo.needs_reference:
             ref, _ = load_model(self.model_cfg, dtype=self.compute_dtype or torch.float32)
@@ -143,19 +161,19 @@ class Learner:
 
         Only trained positions reach the float32 log-softmax: information blocks and padding can be most of a
         Search-R1 response, and the [tokens, vocab] float32 tensors are the trainer's largest activations.
-        Temperature 1: the behaviour log-probs' distribution (searchr1/engines/base.py)."""
+        At the sampling temperature: the behaviour log-probs' distribution (searchr1/engines/base.py)."""
         with self._autocast():
             out = net(input_ids=mb["ids_bt"], attention_mask=mb["attn_bt"], logits_to_keep=mb["keep"],
                       use_cache=False)
         on_bt = mb["mask_bt"].bool()
         logits_nv = out.logits[:, :-1][on_bt]
-        logp_n = grpo.token_logprobs(logits_nv[None], mb["target_bt"][on_bt][None])[0]
+        logp_n = grpo.token_logprobs(logits_nv[None], mb["target_bt"][on_bt][None], self.t)[0]
         return torch.zeros(on_bt.shape, device=self.device).masked_scatter(on_bt, logp_n), logits_nv
 
     def _entropy_sum(self, logits_nv: torch.Tensor) -> torch.Tensor:
         """Summed entropy of the trained positions, chunked: a full softmax copy of the logits is not needed."""
         with torch.no_grad():
-            return sum((grpo.token_entropy(c[None]).sum() for c in logits_nv.split(1024)),
+            return sum((grpo.token_entropy(c[None], self.t).sum() for c in logits_nv.split(1024)),
                        torch.zeros((), device=self.device))
 
     def _micro_step(self, mb: dict, denom: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +183,7 @@ class Learner:
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp_bt, _ = self._logprobs(self.ref, mb)
-        loss, sums = self.algo.micro_loss(logp_bt, logits_nv, mb, denom, ref_logp_bt)
+        loss, sums = self.algo.micro_loss(logp_bt, logits_nv, mb, denom, ref_logp_bt, self.t)
         # DDP averages gradients over the replicas; each replica's loss already carries the global denominator.
         (loss * self.world).backward()
         sums["entropy"] = self._entropy_sum(logits_nv.detach())

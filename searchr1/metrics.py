@@ -101,6 +101,8 @@ def step_record(step: int, trajs, units: list[dict], train_m: dict, pub_m: dict,
     rec.update(pub_m)
     useful = wall = 0.0
     for role, members in (("trainer", times[:n_trainer]), ("rollout", times[n_trainer:])):
+        if not members:  # elastic rollouts report no phase times: they are not ranks
+            continue
         for ph in sorted({k for r in members for k in r}):
             rec[f"time/{role}/{ph}_s"] = sum(r.get(ph, 0.0) for r in members) / len(members)
         useful += sum(r.get(ph, 0.0) for r in members for ph in USEFUL)

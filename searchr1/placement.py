@@ -90,5 +90,6 @@ def _deal(n: int, cpus: list[int]) -> list[list[int]]:
     return out
 
 
-def describe(plan: list[list[int]], roles: list[str]) -> str:
-    return ", ".join(f"rank {r} ({role}) cores {','.join(map(str, c))}" for r, (role, c) in enumerate(zip(roles, plan)))
+def describe(plan: list[list[int]], roles: list[str], names: list[str]) -> str:
+    return ", ".join(f"{n.replace('rank', 'rank ')} ({role}) cores {','.join(map(str, c))}"
+                     for n, role, c in zip(names, roles, plan))

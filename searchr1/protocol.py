@@ -16,6 +16,14 @@ and which step uses which weights (and when evaluation and checkpoints are due) 
     DONE     trainer 0 -> every rank the run is over ({"state": "done" | "stopped", "step": completed steps})
     BYE      every rank -> trainer 0 it saw DONE: trainer 0, the store's host, may now exit
 
+With elastic rollouts (cluster.elastic, searchr1/roles/elastic.py) the rollouts are workers outside the world;
+units and evaluation units become leased tasks, and weights travel as files:
+    OPEN     trainer 0 -> workers    the tasks open now, oldest first
+    TASK     trainer 0 -> workers    task t's current attempt and what to do
+    CLAIM    a worker   -> trainer 0 the lease of task t's attempt a: compare-and-set, so exactly one holder
+    RESULT   a worker   -> trainers  task t's attempt a done (a BATCH or EVAL payload); only the current
+                                     attempt's result is taken, so each unit is trained at most once
+
 Payloads travel through the job's key-value store (a TCPStore that trainer rank 0 hosts; a HashStore in
 tests), pickled and cut into chunks below the store's 8 MiB frame limit. Every wait is a `Liveness.wait`:
 bounded by whether the producer is alive, never by a guess of how long its work takes. Collectives (DDP, the
@@ -55,7 +63,11 @@ EVAL = Transfer("eval", "rollout", "trainer", "eval/{version}/{unit}")
 TIMES = Transfer("times", "any", "trainer", "times/{step}/{rank}")
 DONE = Transfer("done", "trainer", "any", "done")
 BYE = Transfer("bye", "any", "trainer", "bye/{rank}")
-TRANSFERS = (START, WEIGHTS, BATCH, GO, EVAL, TIMES, DONE, BYE)
+OPEN = Transfer("open", "trainer", "rollout", "open")
+TASK = Transfer("task", "trainer", "rollout", "task/{tid}")
+CLAIM = Transfer("claim", "rollout", "trainer", "claim/{tid}/{attempt}")
+RESULT = Transfer("result", "rollout", "trainer", "result/{tid}/{attempt}")
+TRANSFERS = (START, WEIGHTS, BATCH, GO, EVAL, TIMES, DONE, BYE, OPEN, TASK, CLAIM, RESULT)
 
 
 class Channel:

@@ -38,18 +38,18 @@ class Schedule:
         """"sft" for the warm start's steps, "rl" after."""
         return "sft" if step < self.warm else "rl"
 
-    def stage_configs(self, step: int) -> tuple[AlgoConfig, OptimConfig]:
-        """The objective and optimizer of `step`'s stage."""
+    def stage_configs(self, step: int) -> tuple[AlgoConfig, OptimConfig, int]:
+        """The objective, the optimizer and the trained top layers (0: all) of `step`'s stage."""
         if self.stage(step) == "rl":
-            return self.cfg.algo, self.cfg.optim
+            return self.cfg.algo, self.cfg.optim, self.cfg.trainer.train_top_layers
         w = self.cfg.warm_start
         return (AlgoConfig(name="sft", group_size=1, questions_per_step=w.questions_per_step),
-                replace(self.cfg.optim, lr=w.lr, warmup_steps=0))
+                replace(self.cfg.optim, lr=w.lr, warmup_steps=0), w.train_top_layers)
 
     def units(self, step: int, n_units: int, n_pool: int) -> list[Unit]:
         """Step `step`'s work units. RL data positions count from the first RL step, so the questions RL sees do
         not depend on the length of a warm start; the warm start draws from its own stream."""
-        algo, _ = self.stage_configs(step)
+        algo = self.stage_configs(step)[0]
         if self.stage(step) == "sft":
             return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed + 7_919)
         return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed, position=step - self.warm)

@@ -105,3 +105,15 @@ def test_step_questions_cover_the_pool_per_epoch_and_are_reproducible():
     assert sorted(first_epoch) == list(range(n))
     assert step_questions(n, 7, per, 0) == step_questions(n, 7, per, 0)
     assert step_questions(n, 0, per, 1) != step_questions(n, 0, per, 0)
+
+
+def test_a_dev_split_for_tuning_comes_out_of_the_training_pool():
+    full = load_splits(DataConfig(), ROOT)
+    a = load_splits(DataConfig(dev_size=100, eval_on="dev"), ROOT)
+    b = load_splits(DataConfig(dev_size=100, eval_on="dev"), ROOT)
+    assert [q.qid for q in a.dev] == [q.qid for q in b.dev] and len(a.dev) == 100 and len(a.train) == 400
+    assert not {q.qid for q in a.dev} & {q.qid for q in a.train}
+    assert {q.qid for q in a.dev} | {q.qid for q in a.train} == {q.qid for q in full.train}
+    assert a.evaluation == a.dev and full.evaluation == full.heldout and a.corpus == full.corpus
+    with pytest.raises(DataError, match="data.dev_size=500"):
+        load_splits(DataConfig(dev_size=500), ROOT)

@@ -303,3 +303,50 @@ def test_fp32_compute_from_bf16_weights_is_exact_and_sees_weight_writes(tmp_path
     done = subprocess.run([sys.executable, str(script), str(Path(__file__).resolve().parents[1]), name],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+_TEMPERED = r'''
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from searchr1.config import EngineConfig, ModelConfig, TinyModelConfig
+from searchr1.engines import Sampling, make_engine
+from searchr1.models import load_model
+
+T = 0.7
+tiny = ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1))
+engine = make_engine(tiny, EngineConfig(name=sys.argv[2], compute_dtype="float32"), 256, "cpu", temperature=T)
+ref, _ = load_model(tiny, dtype=torch.float32)
+prompt = [1, 2, 3, 4]
+g = engine.generate([prompt], Sampling(temperature=T, max_new_tokens=5, seed=0))[0]
+with torch.no_grad():
+    logits = ref(input_ids=torch.tensor([prompt + g.token_ids])).logits[0].float()
+tempered = torch.log_softmax(logits / T, -1)
+want = [tempered[len(prompt) - 1 + i, t].item() for i, t in enumerate(g.token_ids)]
+assert max(abs(a - b) for a, b in zip(g.logprobs, want)) < 1e-3, (g.logprobs, want)
+engine.generate([prompt], Sampling(temperature=0.0, max_new_tokens=2))  # greedy evaluation is always allowed
+if sys.argv[2] == "vllm":
+    try:
+        engine.generate([prompt], Sampling(temperature=0.5, max_new_tokens=2, seed=0))
+        raise SystemExit("sampling at another temperature must be refused")
+    except ValueError as err:
+        assert "log-probs at temperature 0.7" in str(err)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("name", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_behaviour_log_probs_are_those_of_the_sampling_temperature(tmp_path, name):
+    """The temperature contract: a token sampled at T reports log-softmax(logits / T), what the trainer
+    recomputes at T."""
+    if name == "vllm":
+        pytest.importorskip("vllm")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "tempered.py"
+    script.write_text(_TEMPERED)
+    done = subprocess.run([sys.executable, str(script), str(Path(__file__).resolve().parents[1]), name],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -410,3 +410,31 @@ def test_training_only_the_top_layers_leaves_the_rest_bit_for_bit():
     assert moved and all(n.startswith(("model.layers.1.", "model.norm.")) for n in moved), sorted(moved)
     with pytest.raises(ValueError, match="train_top_layers=3: the model has 2 decoder layers"):
         learner(train_top_layers=3)
+
+
+def test_the_trainer_recomputes_behaviour_log_probs_at_the_sampling_temperature():
+    """Trajectories sampled at T=0.6 by the model itself: recomputed at 0.6 their ratios are 1 (up to float
+    noise); recomputed at temperature 1 they are not."""
+    T = 0.6
+    probe = learner()
+    model, tok = probe.model, probe.tokenizer
+    gen = torch.Generator().manual_seed(0)
+    trajs = []
+    for g in range(3):
+        prompt = [100 + g, 200 + g, 300 + g]
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            resp, lps = [], []
+            for _ in range(4):
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, -1].float() / T, -1)
+                t = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                resp.append(t), lps.append(float(logp[t]))
+                ids = torch.cat([ids, torch.tensor([[t]])], 1)
+        for r in (0.0, 1.0):
+            trajs.append(Trajectory(qid=f"q{g}", group=g, prompt_ids=prompt, response_ids=resp, loss_mask=[1] * 4,
+                                    logprobs=lps, reward=r))
+    at_t = metrics(Learner(ModelConfig(name="tiny", source="tiny"), AlgoConfig(), OptimConfig(lr=1e-9),
+                           TrainerConfig(compute_dtype="float32"), "cpu", temperature=T).step(trajs))
+    at_1 = metrics(learner(lr=1e-9).step(trajs))
+    assert at_t["approx_kl"] < 1e-6 and abs(at_t["is/mean"] - 1) < 1e-4 and at_t["is/ess"] > 0.999
+    assert at_1["approx_kl"] > 1e-3

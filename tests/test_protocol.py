@@ -111,6 +111,12 @@ class Splits:
     heldout: list
     corpus: list
     corpus_scope: str = "train+eval"
+    dev: tuple = ()
+    eval_on: str = "heldout"
+
+    @property
+    def evaluation(self):
+        return self.heldout
 
 
 class FakeLearner:
@@ -121,7 +127,7 @@ class FakeLearner:
     def __init__(self):
         self.step_count, self.trained = 0, []
 
-    def restart(self, algo, optim):
+    def restart(self, algo, optim, top=None):
         self.restarts = getattr(self, "restarts", []) + [(self.step_count, algo.name)]
 
     def step(self, trajs):
@@ -202,7 +208,7 @@ def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=Fake
     def trainer():
         topo = Topology(0, 3, 1)  # one trainer, two rollouts (ranks 1 and 2)
         ch = channel(store, stop=trainer_stop)
-        TrainerRole(cfg, tmp_path, topo, ch, lambda algo, optim: learner, FakeOut(ch, shared), splits).run()
+        TrainerRole(cfg, tmp_path, topo, ch, lambda algo, optim, top: learner, FakeOut(ch, shared), splits).run()
 
     def rollout(rank):
         topo = Topology(rank, 3, 1)
@@ -210,14 +216,15 @@ def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=Fake
         worker = FakeWorker(splits, delay_s=0.3 if rank == slow_rank else 0.0)
         RolloutRole(cfg, tmp_path, topo, ch, worker, lambda first: FakeIn(ch, shared, first, applied[rank])).run()
 
-    def guard(fn, *a):
+    def guard(member, fn, *a):
         try:
             fn(*a)
-        except BaseException as err:  # noqa: BLE001
+        except BaseException as err:  # noqa: BLE001 - as run_rank does: the others must not wait for us
+            post_failure(store, member, f"{type(err).__name__}: {err}")
             errors.append(err)
 
-    threads = [threading.Thread(target=guard, args=(trainer,))] + [
-        threading.Thread(target=guard, args=(rollout, r)) for r in (1, 2)]
+    threads = [threading.Thread(target=guard, args=("rank0", trainer))] + [
+        threading.Thread(target=guard, args=(f"rank{r}", rollout, r)) for r in (1, 2)]
     for t in threads:
         t.start()
     for t in threads:

@@ -216,3 +216,55 @@ def test_delta_frames_into_vllm_weight_views_fused_layout():
         logp = ref(torch.tensor([prompt + g.token_ids])).logits[0].float().log_softmax(-1)
     want = [logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(g.token_ids)]
     assert g.logprobs == pytest.approx(want, abs=2e-2)
+
+
+def _staged_worker(rank: int, world: int, port: int, q):
+    """The overlapping schedules' receive: publications land in a staging copy and are kept; later they are
+    replayed, in order, onto the live weights, which must then be bit-exact; a live tensor written by someone
+    else is caught by the publication's digest."""
+    from searchr1.weightsync import Publication, replay
+    from searchr1.weightsync.transport import Publisher, Subscriber, SyncError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    group = dist.new_group(list(range(world)))
+    cfg = SyncConfig(method="delta", bucket_mb=1, verify=True)
+    try:
+        if rank == 0:
+            pub = Publisher(group, cfg, "cpu")
+            for step in range(4):
+                pub.publish(_trainer_weights(step), version=10 + step)
+            q.put((rank, "ok"))
+            return
+        sub = Subscriber(group, cfg, "cpu")
+        staging = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in SHAPES.items()}
+        kept = []
+        for _ in range(4):
+            kept.append(Publication(-1, []))
+            sub.receive(staging, keep=kept[-1])
+        live = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in SHAPES.items()}
+        out = {"versions": [p.version for p in kept], "first_full": kept[0].digests is not None}
+        for p in kept[:2]:
+            replay(p, live)
+        want = _trainer_weights(1)
+        out["after_two"] = all(torch.equal(live[k].view(torch.int16), want[k].view(torch.int16)) for k in SHAPES)
+        live["layers.0.q.weight"][0, 0] += 1.0  # someone else writes the live weights
+        try:
+            replay(kept[2], live)
+            out["caught"] = False
+        except SyncError as err:
+            out["caught"] = "layers.0.q.weight" in str(err)
+        q.put((rank, out))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_kept_publications_replay_bit_exact_onto_the_live_weights():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_staged_worker, args=(2, port, q), nprocs=2, join=True)
+    got = dict(q.get() for _ in range(2))[1]
+    assert got == {"versions": [10, 11, 12, 13], "first_full": True, "after_two": True, "caught": True}

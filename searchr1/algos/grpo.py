@@ -22,6 +22,7 @@ class GRPO:
     SUMS = ("loss", "clip_tokens", "approx_kl_tokens", "entropy", "kl", "tokens", "rows", "is_sum", "is_sq_sum",
             "is_truncated")
     MAXES = ("is_max",)
+    sampled = True  # trains on sampled data: log-probs at the sampling temperature
 
     def __init__(self, cfg: AlgoConfig):
         self.cfg = cfg
@@ -44,7 +45,8 @@ class GRPO:
         return self.needs_reference or self.cfg.entropy_coef > 0 or adv != 0
 
     def micro_loss(self, logp_bt: torch.Tensor, logits_nv: torch.Tensor, mb: dict, denom: float,
-                   ref_logp_bt: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   ref_logp_bt: torch.Tensor | None, temperature: float = 1.0
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(the micro-batch's share of the step's loss, its sums by name; the learner adds `entropy`).
 
         `logits_nv` are the trained positions' logits (for the entropy bonus); `ref_logp_bt` the frozen
@@ -65,7 +67,8 @@ class GRPO:
             loss = loss + a.kl_coef * grpo.masked_aggregate(kl_bt, mask_bt, a.loss_agg, denom)
             kl_sum = kl_bt.detach().sum()
         if a.entropy_coef > 0:
-            ent_bt = torch.zeros_like(logp_bt).masked_scatter(mask_bt.bool(), grpo.token_entropy(logits_nv[None])[0])
+            ent_bt = torch.zeros_like(logp_bt).masked_scatter(mask_bt.bool(),
+                                                              grpo.token_entropy(logits_nv[None], temperature)[0])
             loss = loss - a.entropy_coef * grpo.masked_aggregate(ent_bt, mask_bt, a.loss_agg, denom)
         n = st["tokens"].float()
         return loss, {"loss": loss.detach(), "clip_tokens": st["clip_frac"] * n,

@@ -16,6 +16,7 @@ class SFT:
     SUMS = ("loss", "nll_tokens", "entropy", "tokens", "rows")
     MAXES = ()
     needs_reference = False
+    sampled = False  # scripted targets: the model's own distribution
 
     def __init__(self, cfg: AlgoConfig):
         self.cfg = cfg
@@ -27,7 +28,8 @@ class SFT:
         return True
 
     def micro_loss(self, logp_bt: torch.Tensor, logits_nv: torch.Tensor, mb: dict, denom: float,
-                   ref_logp_bt: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   ref_logp_bt: torch.Tensor | None, temperature: float = 1.0
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_bt = mb["mask_bt"]
         loss = -grpo.masked_aggregate(logp_bt, mask_bt, self.cfg.loss_agg, denom)
         on_bt = mask_bt.bool()

@@ -40,7 +40,7 @@ def main(cfg: Config, run_dir: Path) -> dict:
     device = "cuda" if cfg.cluster.gpus > 0 and torch.cuda.is_available() else "cpu"
     worker = Worker(cfg, splits, device, model=model)
     predictions, summary = worker.evaluate(
-        splits.heldout, lambda done, total: progress(run_dir, f"held-out eval: {done}/{total}"))
+        splits.evaluation, lambda done, total: progress(run_dir, f"{splits.eval_on} eval: {done}/{total}"))
     summary = {"model": model.path or model.name, "checkpoint": cfg.checkpoint or None, "engine": cfg.engine.name,
                "search": cfg.agent.search, "max_searches": cfg.agent.max_searches, "eval_file": cfg.data.eval_file,
                **summary}

@@ -43,6 +43,23 @@ class SlurmConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """Rollouts outside the trainers' world (searchr1/roles/elastic.py): a rollout that dies costs its work,
+    not the job; workers may join and leave mid-run."""
+
+    enabled: bool = False
+    min_rollouts: int = 1  # below this many live workers a step waits for them (it does not fail)
+    max_attempts: int = 3  # a unit whose every holder died this often is lost (counted, never replaced)
+    restarts: int = 3  # local backend: a dead rollout process is started again in place this often
+    units_per_step: int = 0  # work units per step (and per evaluation); 0: one per rollout rank, as fixed
+    full_every: int = 10  # a full weights file every this many versions: where a joining worker starts
+
+    def __post_init__(self):
+        _positive(self, "cluster.elastic", "min_rollouts", "max_attempts", "full_every")
+        _positive(self, "cluster.elastic", "restarts", "units_per_step", strict=False)
+
+
+@dataclass
 class ClusterConfig:
     backend: str = "local"  # local | slurm
     trainer_ranks: int = 2
@@ -60,6 +77,7 @@ class ClusterConfig:
     # Local backend, CPU: alternate = each role spreads over every core (the roles take turns in the
     # synchronous schedule); split = trainers and rollouts get cores of their own (overlapping schedules).
     placement: str = "alternate"
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self):

@@ -18,6 +18,9 @@ class Group:
     role: str
     tasks: int
     nodes: int = 1  # Slurm: nodes for this group (het components never share a node)
+    entry: str = ""  # "module:function" these tasks run instead of the job's entry
+    in_world: bool = True  # false: not ranks of the torch.distributed world (elastic rollout workers)
+    restarts: int = 0  # a task of this group that dies is started again in place this often
 
 
 @dataclass(frozen=True)
@@ -25,17 +28,26 @@ class Job:
     entry: str  # "module:function", called as function(cfg, run_dir) in every task
     groups: tuple[Group, ...]
     prepare: str = ""  # "module:function", called once as function(cfg, run_dir) before any task starts
+    target: str = ""  # the run folder the tasks work in, when not the job's own (a job joining another run)
 
     @property
     def world(self) -> int:
+        """Ranks of the torch.distributed world (tasks of groups outside it are not counted)."""
+        return sum(g.tasks for g in self.groups if g.in_world)
+
+    @property
+    def tasks(self) -> int:
         return sum(g.tasks for g in self.groups)
 
-    def role(self, rank: int) -> str:
+    def group(self, task: int) -> Group:
         for g in self.groups:
-            if rank < g.tasks:
-                return g.role
-            rank -= g.tasks
-        raise ValueError(f"rank beyond the job's {self.world} tasks")
+            if task < g.tasks:
+                return g
+            task -= g.tasks
+        raise ValueError(f"task beyond the job's {self.tasks} tasks")
+
+    def role(self, task: int) -> str:
+        return self.group(task).role
 
     def call(self, cfg: Config, run_dir: Path) -> None:
         _resolve(self.entry)(cfg, Path(run_dir))
@@ -51,11 +63,24 @@ def _resolve(name: str):
 
 
 def training(cfg: Config) -> Job:
-    """The training job: trainer ranks, then rollout ranks (searchr1.roles.run_rank)."""
-    c = cfg.cluster
-    return Job("searchr1.roles:run_rank", (Group("trainer", c.trainer_ranks, c.slurm.trainer_nodes),
-                                           Group("rollout", c.rollout_ranks, c.slurm.rollout_nodes)),
+    """The training job: trainer ranks, then rollout ranks (searchr1.roles.run_rank); with elastic rollouts,
+    the rollouts are restartable workers outside the world (searchr1.roles.elastic.run_worker)."""
+    c, e = cfg.cluster, cfg.cluster.elastic
+    rollouts = (Group("rollout", c.rollout_ranks, c.slurm.rollout_nodes, entry=WORKER, in_world=False,
+                      restarts=e.restarts) if e.enabled else Group("rollout", c.rollout_ranks, c.slurm.rollout_nodes))
+    return Job("searchr1.roles:run_rank", (Group("trainer", c.trainer_ranks, c.slurm.trainer_nodes), rollouts),
                prepare="searchr1.roles:prepare")
+
+
+def joining(cfg: Config) -> Job:
+    """`join=RUN_DIR`: rollout workers (cluster.rollout_ranks of them) that join a running elastic run, work in
+    its folder, and leave when it ends (or when stopped)."""
+    c = cfg.cluster
+    return Job(WORKER, (Group("rollout", c.rollout_ranks, c.slurm.rollout_nodes, in_world=False,
+                              restarts=c.elastic.restarts),), target=cfg.join)
+
+
+WORKER = "searchr1.roles.elastic:run_worker"
 
 
 def evaluation(cfg: Config) -> Job:

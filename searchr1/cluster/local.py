@@ -6,7 +6,8 @@
   torch.distributed environment, its own cores (searchr1/placement.py: affinity and as many threads as cores),
   and reads the resolved config back from the run folder exactly as a Slurm task does.
 - Like `srun --kill-on-bad-exit=1`, the first rank to fail takes the others down and is named; a rank that
-  hangs without dying is caught inside the job by the heartbeat liveness (searchr1/liveness.py).
+  hangs without dying is caught inside the job by the heartbeat liveness (searchr1/liveness.py). Elastic
+  rollout workers (outside the world) are restarted in place instead, while they have restarts left.
 - Stop means stop: SIGTERM, SIGHUP and SIGINT to the launcher end every process of every rank (children
   included), record CANCELLED, and exit 128 + the signal.
 - The console shows the run's progress log (one line per step and per evaluation batch); everything else
@@ -14,6 +15,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -37,10 +39,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, world: int, port: int, cores: list[int]) -> dict:
+def rank_env(rank: int, world: int, port: int, cores: list[int], addr: str = "127.0.0.1") -> dict:
     env = dict(os.environ)
     threads = str(len(cores))
-    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR=addr,
                MASTER_PORT=str(port), OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return env
@@ -118,68 +120,127 @@ class _Stopped(Exception):
         self.signum = signum
 
 
+class _Tasks:
+    """The job's processes: ranks of the world (a failure ends the job) and, with elastic rollouts, workers
+    outside it (a failure is restarted in place, `Group.restarts` times)."""
+
+    def __init__(self, job: Job, run_dir: Path, target: Path, port: int, addr: str, plan: list[list[int]]):
+        self.job, self.logs, self.target, self.port, self.addr, self.plan = job, run_dir / "logs", target, port, \
+            addr, plan
+        self.procs: list[subprocess.Popen | None] = [None] * job.tasks
+        self.restarts = [0] * job.tasks
+        self.rank, self.name, rank, slot = [], [], 0, 0
+        for t in range(job.tasks):
+            if job.group(t).in_world:
+                self.rank.append(rank)
+                self.name.append(f"rank{rank}")
+                rank += 1
+            else:
+                self.rank.append(None)
+                self.name.append(f"worker{slot}")
+                slot += 1
+
+    def start(self, t: int) -> None:
+        g, cores = self.job.group(t), self.plan[t]
+        env = rank_env(self.rank[t] or 0, self.job.world, self.port, cores, self.addr)
+        if self.rank[t] is None:
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+                env.pop(k)
+            env["SEARCHR1_WORKER_SLOT"] = self.name[t][len("worker"):]
+        with open(self.logs / f"{self.name[t]}.log", "ab") as out:
+            self.procs[t] = subprocess.Popen(
+                [sys.executable, "-m", "searchr1.cluster.local", str(self.target), g.entry or self.job.entry],
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
+                preexec_fn=lambda c=cores: os.sched_setaffinity(0, c))
+
+    def live(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p is not None]
+
+
 def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
-    """Run every rank of `job` to completion; returns 0, or the exit code of the first rank that failed."""
+    """Run every task of `job` to completion; returns 0, or the exit code of the first rank that failed."""
     run_dir = Path(run_dir)
-    logs = run_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    target = Path(job.target) if job.target else run_dir
+    (run_dir / "logs").mkdir(exist_ok=True)
 
     def on_signal(signum, frame):
         raise _Stopped(signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
-    procs: list[subprocess.Popen] = []
-    roles = [job.role(r) for r in range(job.world)]
+    tasks = None
+    roles = [job.role(t) for t in range(job.tasks)]
     try:
         write_status(run_dir, backend="local", state="PREPARING")
         job.run_prepare(cfg, run_dir)
-        world, port = job.world, cfg.cluster.port or free_port()
+        addr, port = "127.0.0.1", cfg.cluster.port or free_port()
+        if job.target:  # workers joining another run: its store
+            where = json.loads((target / "rendezvous.json").read_text())
+            addr, port = where["host"], where["port"]
         plan = placement.cpu_plan([g.tasks for g in job.groups], placement.allowed_cpus(), cfg.cluster.placement)
-        print(f"[local] {world} ranks: {placement.describe(plan, roles)}", flush=True)
-        for rank in range(world):
-            out = open(logs / f"rank{rank}.log", "ab")
-            procs.append(subprocess.Popen([sys.executable, "-m", "searchr1.cluster.local", str(run_dir), job.entry],
-                                          env=rank_env(rank, world, port, plan[rank]), stdout=out,
-                                          stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
-                                          preexec_fn=lambda c=plan[rank]: os.sched_setaffinity(0, c)))
-            out.close()
-        write_status(run_dir, state="RUNNING", pids=[p.pid for p in procs], port=port, cores=plan, roles=roles)
-        failed = _watch(procs, run_dir, echo)
+        tasks = _Tasks(job, run_dir, target, port, addr, plan)
+        print(f"[local] {job.tasks} tasks: {placement.describe(plan, roles, tasks.name)}", flush=True)
+        for t in range(job.tasks):
+            tasks.start(t)
+        write_status(run_dir, state="RUNNING", pids=[p.pid for p in tasks.live()], port=port, cores=plan,
+                     roles=roles, tasks=tasks.name)
+        failed = _watch(tasks, run_dir, echo)
     except _Stopped as stop:
-        terminate(procs)
+        if tasks is not None:
+            terminate(tasks.live())
         name = signal.Signals(stop.signum).name
-        write_status(run_dir, state="CANCELLED", signal=name, exit_codes=[p.returncode for p in procs])
+        write_status(run_dir, state="CANCELLED", signal=name,
+                     exit_codes=[p.returncode for p in tasks.live()] if tasks else [])
         print(f"[local] {name}: every rank ended; run folder {run_dir}", file=sys.stderr, flush=True)
         return 128 + stop.signum
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    codes = [p.returncode for p in procs]
+    codes = [p.returncode for p in tasks.procs]
     if failed is None:
-        write_status(run_dir, state="COMPLETED", exit_codes=codes)
+        write_status(run_dir, state="COMPLETED", exit_codes=codes, restarts=tasks.restarts)
         return 0
-    log = logs / f"rank{failed}.log"
+    log = run_dir / "logs" / f"{tasks.name[failed]}.log"
     reason = _last_error(log)
-    write_status(run_dir, state="FAILED", failed_rank=failed, failed_role=roles[failed], exit_codes=codes,
-                 reason=reason)
-    print(f"rank {failed} ({roles[failed]}) failed with exit code {codes[failed]}: {reason}\n  see {log}",
-          file=sys.stderr)
+    write_status(run_dir, state="FAILED", failed_rank=tasks.rank[failed], failed_task=tasks.name[failed],
+                 failed_role=roles[failed], exit_codes=codes, reason=reason, restarts=tasks.restarts)
+    print(f"{tasks.name[failed].replace('rank', 'rank ')} ({roles[failed]}) failed with exit code {codes[failed]}: "
+          f"{reason}\n  see {log}", file=sys.stderr)
     return codes[failed] if codes[failed] > 0 else 1
 
 
-def _watch(procs: list[subprocess.Popen], run_dir: Path, echo: bool) -> int | None:
-    """Poll until every rank exits 0 (None) or one fails (its rank; the others are then ended)."""
-    offset = 0
+def _watch(tasks: _Tasks, run_dir: Path, echo: bool) -> int | None:
+    """Poll until every rank of the world exits 0 (None) or one fails (its task index; the others are then
+    ended). A worker outside the world that dies is started again while it has restarts left."""
+    offset, job = 0, tasks.job
+    world = [t for t in range(job.tasks) if tasks.rank[t] is not None]
     while True:
         if echo:
             offset = _echo(run_dir / "progress.log", offset)
-        codes = [p.poll() for p in procs]
+        codes = [p.poll() for p in tasks.procs]
+        for t in range(job.tasks):
+            if tasks.rank[t] is None and codes[t] not in (None, 0) and tasks.restarts[t] < job.group(t).restarts:
+                tasks.restarts[t] += 1
+                print(f"[local] {tasks.name[t]} ({job.role(t)}) exited {codes[t]}: started again "
+                      f"({tasks.restarts[t]}/{job.group(t).restarts})", flush=True)
+                tasks.start(t)
+                write_status(run_dir, restarts=tasks.restarts, pids=[p.pid for p in tasks.live()])
+                codes[t] = None
         # A rank killed by a signal is the cause; ranks that exit 1 in the same instant only saw their
-        # peer vanish. Otherwise the lowest failed rank.
-        bad = sorted((c >= 0, r) for r, c in enumerate(codes) if c not in (None, 0))
-        if bad or all(c == 0 for c in codes):
+        # peer vanish. Otherwise the lowest failed task. Workers without restarts left fail the job only
+        # when none is left (a job of workers alone, or trainers without any rollout).
+        bad = sorted((c >= 0, t) for t, c in enumerate(codes) if c not in (None, 0) and tasks.rank[t] is not None)
+        workers = [t for t in range(job.tasks) if tasks.rank[t] is None]
+        if workers and all(codes[t] not in (None, 0) for t in workers):
+            bad = bad or [(True, workers[0])]
+        done = all(codes[t] == 0 for t in world) if world else all(codes[t] is not None for t in workers)
+        if bad or done:
             if bad:
-                terminate(procs)
+                terminate(tasks.live())
+            elif workers:  # workers leave by themselves once the run is done; end those that do not
+                deadline = time.monotonic() + GRACE_S
+                while time.monotonic() < deadline and any(tasks.procs[t].poll() is None for t in workers):
+                    time.sleep(POLL_S)
+                terminate([tasks.procs[t] for t in workers])
             if echo:
                 _echo(run_dir / "progress.log", offset)
             return bad[0][1] if bad else None

@@ -1,10 +1,10 @@
 """The engine interface: token ids in, token ids and log-probs out, live weights exposed for in-place sync.
 
-The temperature contract, stated here once: both engines report, for every generated token, its log-probability
-under the model's own distribution at temperature 1 (log-softmax of the raw logits, before temperature and
-top-p), and the trainer recomputes exactly that quantity. It is the behaviour log-prob of the sample only when
-sampling is itself at temperature 1 and top_p 1, so training refuses any other sampling setting
-(searchr1/config.py); greedy evaluation is free to use temperature 0.
+The temperature contract, stated here once: for every sampled token both engines report its log-probability
+under the distribution it was sampled from, log-softmax(logits / T) at the sampling temperature T, and the
+trainer recomputes exactly that quantity (searchr1/learner.py, at sampling.temperature). Top-p truncation is
+not part of it, so training refuses top_p < 1 (searchr1/config.py). Greedy calls (temperature 0, evaluation)
+report temperature-1 log-probs, which nothing trains on.
 
 Seeds: a batch with `seed=s` gives prompt i the seed s+i, so that identical prompts in a GRPO group still draw
 different samples while a rerun with the same seed reproduces the batch.

@@ -1,9 +1,9 @@
 """The transformers engine: our own sampling loop over the model's KV cache (no vLLM needed).
 
-A hand-written loop rather than `generate()`: it gives, per sampled token, the log-prob under the model's
-temperature-1 distribution (log-softmax of the raw logits, before temperature and top-p; the same quantity
-vLLM reports with logprobs=0), per-row seeds, and stop strings checked on the decoded text of each row while
-the token that completed the stop string is kept.
+A hand-written loop rather than `generate()`: it gives, per sampled token, the log-prob under the distribution
+it was sampled from (log-softmax of logits / T, before top-p: the temperature contract of engines/base.py),
+per-row seeds, and stop strings checked on the decoded text of each row while the token that completed the
+stop string is kept.
 
 Rows are left-padded into one batch; finished rows ride along until every row is done (their extra tokens
 are dropped), which keeps the cache a plain rectangle.
@@ -40,7 +40,7 @@ def _sample_b(logits_bv: torch.Tensor, sampling: Sampling, generators: list[torc
     return torch.cat([torch.multinomial(probs_bv[i], 1, generator=g) for i, g in enumerate(generators)])
 
 
-def build(model_cfg, engine_cfg, max_model_len: int, device="cpu") -> "HFEngine":
+def build(model_cfg, engine_cfg, max_model_len: int, device="cpu", temperature: float = 1.0) -> "HFEngine":
     """The `engine.name=hf` factory: the policy in bf16, computing in `engine.compute_dtype`."""
     import logging
 
@@ -116,7 +116,8 @@ class HFEngine:
         for _ in range(sampling.max_new_tokens):
             logits_bv = out.logits[:, -1].float()
             tok_b = _sample_b(logits_bv, sampling, generators)
-            lp_b = torch.log_softmax(logits_bv, dim=-1).gather(-1, tok_b[:, None]).squeeze(-1)
+            tempered_bv = logits_bv / sampling.temperature if sampling.temperature not in (0.0, 1.0) else logits_bv
+            lp_b = torch.log_softmax(tempered_bv, dim=-1).gather(-1, tok_b[:, None]).squeeze(-1)
             for i, (tok, lp) in enumerate(zip(tok_b.tolist(), lp_b.tolist())):
                 if reasons[i] is not None:
                     continue

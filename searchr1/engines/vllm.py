@@ -20,8 +20,10 @@
   collective the trainer ranks never join: the job hangs). `_private_default_group` hides our default group
   while vLLM starts, so vLLM makes its own one-process world, then puts ours back; vLLM keeps its groups (one
   rank: its collectives short-circuit) and our groups are untouched.
-- Log-probs: `logprobs=0` returns the sampled token's log-prob under the raw (temperature-1, pre-top-p)
-  distribution, vLLM's default `raw_logprobs` mode.
+- Log-probs: `logprobs=0` returns the sampled token's log-prob; at temperature 1 under vLLM's default
+  `raw_logprobs` mode, at another sampling temperature T under `processed_logprobs` (after temperature: the
+  temperature contract of engines/base.py). The mode is an engine setting, so an engine is built for the one
+  temperature training samples at, and refuses another (greedy calls excepted).
 - Precision: weights are always published in bf16. Where the CPU has no bf16 instructions the engine loads them
   as fp32 (exact) and keeps bf16 masters for weight sync (`Bf16Mirror`), copied into the fp32 weights before the
   next generation.
@@ -152,7 +154,8 @@ def map_views(hf_shapes: dict[str, torch.Size], engine_params: dict[str, torch.T
     return views
 
 
-def build(model_cfg, engine_cfg: EngineConfig, max_model_len: int, device="cpu") -> "VLLMEngine":
+def build(model_cfg, engine_cfg: EngineConfig, max_model_len: int, device="cpu", temperature: float = 1.0
+          ) -> "VLLMEngine":
     """The `engine.name=vllm` factory: the policy in bf16, computing in `engine.compute_dtype`."""
     import logging
 
@@ -160,12 +163,12 @@ def build(model_cfg, engine_cfg: EngineConfig, max_model_len: int, device="cpu")
 
     dtype, why = placement.compute_dtype(engine_cfg.compute_dtype, torch.device(device))
     logging.getLogger(__name__).info("vllm engine computes in %s (%s)", dtype, why)
-    return VLLMEngine(models.model_dir(model_cfg), engine_cfg, device, max_model_len, dtype)
+    return VLLMEngine(models.model_dir(model_cfg), engine_cfg, device, max_model_len, dtype, temperature)
 
 
 class VLLMEngine:
     def __init__(self, model_path: str, engine_cfg: EngineConfig, device: str | torch.device = "cpu",
-                 max_model_len: int = 4096, dtype: torch.dtype = torch.bfloat16):
+                 max_model_len: int = 4096, dtype: torch.dtype = torch.bfloat16, temperature: float = 1.0):
         device = torch.device(device)
         _set_env(engine_cfg, device.type == "cpu")
         from vllm import LLM
@@ -180,8 +183,10 @@ class VLLMEngine:
         elif device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
         self.max_model_len = max_model_len
+        self.temperature = temperature
         kwargs = dict(model=model_path, dtype=str(dtype).removeprefix("torch."), seed=0,
-                      enforce_eager=engine_cfg.vllm.enforce_eager, max_model_len=self.max_model_len)
+                      enforce_eager=engine_cfg.vllm.enforce_eager, max_model_len=self.max_model_len,
+                      logprobs_mode="raw_logprobs" if temperature == 1.0 else "processed_logprobs")
         if not current_platform.is_cpu():
             kwargs["gpu_memory_utilization"] = engine_cfg.vllm.gpu_memory_utilization
         holder: dict = {}
@@ -229,6 +234,9 @@ class VLLMEngine:
         if not prompts:
             return []
         check_prompts(prompts, self.vocab_size)
+        if sampling.temperature not in (0.0, self.temperature):
+            raise ValueError(f"this engine reports log-probs at temperature {self.temperature} (logprobs_mode); "
+                             f"asked to sample at {sampling.temperature}")
         self._drop_stale_prefix_cache()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

@@ -7,6 +7,7 @@ the others stop waiting for it and the backend ends the job naming it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -49,14 +50,14 @@ def prepare(cfg: Config, run_dir: Path) -> None:
 
 def run_rank(cfg: Config, run_dir: Path) -> None:
     run_dir = Path(run_dir)
-    topo = dist.topology_from_env(cfg.cluster.trainer_ranks)
-    setup_logging(f"rank {topo.rank} {topo.role}")
     c = cfg.cluster
+    topo = dist.topology_from_env(c.trainer_ranks, c.elastic.enabled)
+    setup_logging(f"rank {topo.rank} {topo.role}")
     store = None
     try:
-        expected = c.trainer_ranks + c.rollout_ranks
+        expected = c.trainer_ranks + (0 if c.elastic.enabled else c.rollout_ranks)
         if topo.world != expected:
-            raise ValueError(f"world size {topo.world} != cluster.trainer_ranks + cluster.rollout_ranks = {expected}")
+            raise ValueError(f"world size {topo.world} != the {expected} ranks cluster.* asks for")
         random.seed(cfg.seed + topo.rank)
         np.random.seed(cfg.seed + topo.rank)
         torch.manual_seed(cfg.seed + topo.rank)
@@ -91,20 +92,35 @@ def _trainer(cfg, run_dir, topo, groups, channel, splits):
     from searchr1.roles.weights import WeightsOut
     from searchr1.weightsync import Publisher
 
-    def make_learner(algo, optim):
-        return Learner(cfg.model, algo, optim, cfg.trainer, groups.device, groups.trainer, cfg.seed)
+    def make_learner(algo, optim, top):
+        return Learner(cfg.model, algo, optim, cfg.trainer, groups.device, groups.trainer, cfg.seed,
+                       cfg.sampling.temperature, top)
 
-    out = WeightsOut(channel, Publisher(groups.sync, cfg.sync, groups.device)) if topo.rank == 0 else None
-    return TrainerRole(cfg, run_dir, topo, channel, make_learner, out, splits)
+    e, lead = cfg.cluster.elastic, topo.rank == 0
+    if not e.enabled:
+        out = WeightsOut(channel, Publisher(groups.sync, cfg.sync, groups.device)) if lead else None
+        return TrainerRole(cfg, run_dir, topo, channel, make_learner, out, splits)
+    from searchr1.roles.elastic import Dispatcher, ElasticRollouts
+    from searchr1.weightsync.files import FilePublisher
+
+    if lead:  # where workers of another job find this run's store (`+join=RUN_DIR`)
+        (run_dir / "rendezvous.json").write_text(json.dumps({"host": os.environ["MASTER_ADDR"],
+                                                              "port": int(os.environ["MASTER_PORT"])}))
+    out = WeightsOut(channel, FilePublisher(run_dir, cfg.sync, e.full_every, groups.device)) if lead else None
+    dispatcher = Dispatcher(channel, channel.liveness, e.max_attempts, e.min_rollouts, run_dir)
+    rollouts = ElasticRollouts(channel, dispatcher, e.units_per_step or cfg.cluster.rollout_ranks, splits)
+    return TrainerRole(cfg, run_dir, topo, channel, make_learner, out, splits, rollouts=rollouts)
 
 
 def _rollout(cfg, run_dir, topo, groups, channel, splits):
     from searchr1.roles.rollout import RolloutRole
-    from searchr1.roles.weights import WeightsIn
+    from searchr1.roles.weights import StagedIn, WeightsIn
     from searchr1.roles.worker import Worker
     from searchr1.weightsync import Subscriber
 
     worker = Worker(cfg, splits, groups.device)
     sub = Subscriber(groups.sync, cfg.sync, groups.device)
+    # the synchronous schedule receives straight into the engine; the others into a staging copy, in a thread
+    receiver = WeightsIn if cfg.schedule.name == "sync" else StagedIn
     return RolloutRole(cfg, run_dir, topo, channel, worker,
-                       lambda first: WeightsIn(channel, sub, worker.weight_views, topo.member(0), first))
+                       lambda first: receiver(channel, sub, worker.weight_views, topo.member(0), first))

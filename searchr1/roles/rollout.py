@@ -51,11 +51,12 @@ class RolloutRole:
         for step in range(first, self.schedule.steps):
             if step > first:
                 t = PhaseTimer()
-            self._advance(self.schedule.version_for(step), t)
+            self._advance(self._target(step), t)
             unit = self.schedule.units(step, topo.n_rollout, len(self.worker.splits.train))[topo.rollout_index]
+            version = self._between_turns if self.schedule.turn_updates else (lambda: self.weights.applied)
             with t("rollout"):
                 faults.hit("rollout", topo.rank, step)
-                trajs, m = self.worker.generate(unit, lambda: self.weights.applied, self.schedule.stage(step))
+                trajs, m = self.worker.generate(unit, version, self.schedule.stage(step))
             with t("transfer"):
                 self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m}, step=step,
                                  unit=unit.index)
@@ -63,6 +64,22 @@ class RolloutRole:
         self._advance(self.schedule.steps, PhaseTimer())
         self.channel.wait(DONE, [self.trainer0])
         self.channel.put(BYE, True, rank=topo.rank)
+
+    def _target(self, step: int) -> int:
+        """The version to generate step `step` with: exactly the schedule's (sync, pipelined), or the newest the
+        staging holds but never older than the schedule admits (streaming: admission control)."""
+        oldest = self.schedule.version_for(step)
+        return oldest if self.schedule.exact else max(oldest, self.weights.received())
+
+    def _between_turns(self) -> int:
+        """Streaming: before each turn, take the newest weights received, short of the next version due for
+        evaluation (evaluated between units); returns the version the turn is generated with."""
+        held = self.weights.applied
+        due = self.schedule.evals(held, self.schedule.steps)
+        upto = min(self.weights.received(), due[0] - 1) if due else self.weights.received()
+        if upto > held:
+            self.weights.apply_until(upto)
+        return self.weights.applied
 
     def _apply(self, version: int, t: PhaseTimer) -> None:
         got = self.weights.apply_until(version)
@@ -78,7 +95,7 @@ class RolloutRole:
             self._apply(target, t)
 
     def _evaluate(self, version: int) -> None:
-        heldout, topo = self.worker.splits.heldout, self.topo
+        heldout, topo = self.worker.splits.evaluation, self.topo
         faults.hit("eval", topo.rank, version)
         mine = chunk(len(heldout), topo.n_rollout, topo.rollout_index)
 

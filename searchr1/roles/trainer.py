@@ -29,16 +29,59 @@ class LagError(RuntimeError):
     """A trajectory older than the schedule allows reached the trainer."""
 
 
+class FixedRollouts:
+    """The rollout side of the fixed world, as the trainers see it: rollout rank i generates unit i of every
+    step and evaluates its share of every version due, by itself (the schedule tells it when), and reports its
+    phase times. The elastic counterpart is searchr1.roles.elastic.ElasticRollouts."""
+
+    def __init__(self, channel: Channel, topo: Topology):
+        self.channel, self.topo = channel, topo
+        self.members = [topo.member(r) for r in topo.rollout_ranks]
+
+    def units(self, step: int, schedule: Schedule) -> list[dict]:
+        return [self.channel.get(BATCH, [m], step=step, unit=u) for u, m in enumerate(self.members)]
+
+    def go(self, step: int) -> dict:
+        return {}
+
+    def follower_units(self, step: int, go: dict) -> list[dict]:
+        return [self.channel.get(BATCH, [m], stoppable=False, step=step, unit=u) for u, m in enumerate(self.members)]
+
+    def release(self, step: int) -> None:
+        for u in range(len(self.members)):
+            self.channel.delete(BATCH, step=step, unit=u)  # every trainer has read it: it trained on it
+
+    def published(self, version: int, schedule: Schedule) -> None:
+        pass  # the rollouts evaluate the versions due by themselves
+
+    def eval_parts(self, version: int, block: bool) -> list[dict] | None:
+        n = len(self.members)
+        if not block and not all(self.channel.ready(EVAL, version=version, unit=u) for u in range(n)):
+            return None
+        return [self.channel.get(EVAL, [m], delete=True, version=version, unit=u) for u, m in enumerate(self.members)]
+
+    def times(self, step: int) -> list[dict]:
+        return [self.channel.get(TIMES, [self.topo.member(r)], delete=True, step=step, rank=r)
+                for r in self.topo.rollout_ranks]
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def leave(self) -> None:
+        for r in self.topo.rollout_ranks:  # the store lives in trainer 0: it stays until every rank has left
+            self.channel.wait(BYE, [self.topo.member(r)], rank=r)
+
+
 class TrainerRole:
     def __init__(self, cfg: Config, run_dir: Path, topo: Topology, channel: Channel, make_learner, weights_out,
-                 splits, writer_factory=metrics.MetricsWriter):
+                 splits, rollouts=None, writer_factory=metrics.MetricsWriter):
         """`make_learner(algo, optim)` builds the learner for a stage; `weights_out`: trainer rank 0's publisher
-        (None on the other trainer ranks)."""
+        (None on the other trainer ranks); `rollouts`: the rollout side (FixedRollouts by default)."""
         self.cfg, self.run_dir, self.topo, self.channel = cfg, Path(run_dir), topo, channel
         self.make_learner, self.weights_out, self.splits = make_learner, weights_out, splits
+        self.rollouts = rollouts or FixedRollouts(channel, topo)
         self.lead = topo.rank == 0
         self.writer_factory = writer_factory
-        self.rollouts = [topo.member(r) for r in topo.rollout_ranks]
         self.pending: list[int] = []  # versions whose evaluation has not been written yet
 
     def run(self) -> None:
@@ -57,12 +100,14 @@ class TrainerRole:
             self._write_data_manifest()
             self.channel.put(START, {"step": start, "evaluate": self.pending[:1] == [start]})
             self.weights_out.publish(self.learner.bf16_weights(), version=start)
+            if self.pending[:1] == [start]:
+                self.rollouts.published(start, schedule)
         t_run = time.perf_counter()
         for step in range(start, schedule.steps):
             t = metrics.PhaseTimer()
             if step == schedule.warm > 0:
                 self.learner.restart(*schedule.stage_configs(step))  # RL begins: its objective, a fresh optimizer
-            units = self._collect(step)
+            units = self._collect(step, schedule)
             if units is None:
                 self._stop(step)
             trajs = [tr for u in units for tr in u["trajectories"]]
@@ -75,6 +120,8 @@ class TrainerRole:
                 faults.hit("publish", self.topo.rank, step)
                 with t("sync"):
                     pub_m = self.weights_out.publish(self.learner.bf16_weights(), version=step + 1)
+                if step + 1 in self.pending:
+                    self.rollouts.published(step + 1, schedule)
             if schedule.checkpoint_due(step + 1):
                 with t("checkpoint"):
                     checkpoint.save(self.run_dir, step + 1, self.learner, {"step": step + 1, "version": step + 1},
@@ -82,13 +129,13 @@ class TrainerRole:
             if not self.lead:
                 self.channel.put(TIMES, t.close(), step=step, rank=self.topo.rank)
                 continue
-            for u in range(len(units)):
-                self.channel.delete(BATCH, step=step, unit=u)  # every trainer has read it: it trained on it
+            self.rollouts.release(step)
             self._drain_evals(block=False)
             times = [t.close()] + [self.channel.get(TIMES, [self.topo.member(r)], delete=True, step=step, rank=r)
-                                   for r in range(1, self.topo.world)]
+                                   for r in range(1, self.topo.n_trainer)] + self.rollouts.times(step)
             rec = metrics.step_record(step, trajs, [u["metrics"] for u in units], train_m, pub_m, times,
                                       self.topo.n_trainer)
+            rec.update(self.rollouts.stats())
             if schedule.warm:
                 rec["stage"] = schedule.stage(step)
             self.writer.log(rec)
@@ -97,29 +144,28 @@ class TrainerRole:
             self._drain_evals(block=True)
             self._finish()
             self.channel.put(DONE, {"state": "done", "step": schedule.steps})
-            for r in range(1, self.topo.world):  # the store lives in this process: stay until all have left
+            for r in range(1, self.topo.n_trainer):  # the store lives in this process: stay until all have left
                 self.channel.wait(BYE, [self.topo.member(r)], rank=r)
+            self.rollouts.leave()
         else:
             self.channel.wait(DONE, [self.topo.member(0)])
             self.channel.put(BYE, True, rank=self.topo.rank)
 
-    def _collect(self, step: int) -> list[dict] | None:
-        """The step's units, in unit order (the same batch whichever rank generated which unit); None when a stop
-        was requested. Trainer 0 alone decides and tells the others (GO), so that the replicas either all train
-        the step (DDP collectives) or all stop before it."""
-        n = self.topo.n_rollout
+    def _collect(self, step: int, schedule: Schedule) -> list[dict] | None:
+        """The step's units, in unit order (the same batch whichever process generated which unit); None when a
+        stop was requested. Trainer 0 alone decides and tells the others (GO), so that the replicas either all
+        train the step (DDP collectives) or all stop before it."""
         if not self.lead:
-            if self.channel.get(GO, [self.topo.member(0)], stoppable=False, step=step) == "stop":
-                return None
-            return [self.channel.get(BATCH, [self.rollouts[u]], stoppable=False, step=step, unit=u) for u in range(n)]
+            go = self.channel.get(GO, [self.topo.member(0)], stoppable=False, step=step)
+            return None if go["verdict"] == "stop" else self.rollouts.follower_units(step, go)
         try:
             if self.channel.liveness.stop:
                 raise StopRequested(self.channel.liveness.stop.reason)
-            units = [self.channel.get(BATCH, [self.rollouts[u]], step=step, unit=u) for u in range(n)]
+            units = self.rollouts.units(step, schedule)
         except StopRequested:
-            self.channel.put(GO, "stop", step=step)
+            self.channel.put(GO, {"verdict": "stop"}, step=step)
             return None
-        self.channel.put(GO, "train", step=step)
+        self.channel.put(GO, {"verdict": "train", **self.rollouts.go(step)}, step=step)
         return units
 
     def _stop(self, done: int) -> None:
@@ -145,19 +191,19 @@ class TrainerRole:
 
     def _drain_evals(self, block: bool) -> None:
         """Write every pending evaluation whose units have all arrived; with `block`, wait for all of them."""
-        n = self.topo.n_rollout
         while self.pending:
             v = self.pending[0]
-            if not block and not all(self.channel.ready(EVAL, version=v, unit=u) for u in range(n)):
+            parts = self.rollouts.eval_parts(v, block)
+            if parts is None:
                 return
-            parts = [self.channel.get(EVAL, [self.rollouts[u]], delete=True, version=v, unit=u) for u in range(n)]
             preds = [p for part in parts for p in part["predictions"]]
             out = self.run_dir / "predictions"
             out.mkdir(exist_ok=True)
             write_predictions(out / f"step_{v:06d}.jsonl", preds)
             rec = metrics.eval_record(v, preds, max(part["seconds"] for part in parts))
             self.writer.log(rec)
-            msg = (f"held-out EM at version {v}: {rec[metrics.EVAL_EM_COUNT]}/{rec[metrics.EVAL_N]} "
+            where = "held-out" if self.splits.eval_on == "heldout" else "dev"
+            msg = (f"{where} EM at version {v}: {rec[metrics.EVAL_EM_COUNT]}/{rec[metrics.EVAL_N]} "
                    f"({100 * rec[metrics.EVAL_EM]:.1f}%), F1 {rec[metrics.EVAL_F1]:.3f}, searched "
                    f"{rec['eval/n_searched']}/{rec[metrics.EVAL_N]}, {rec['eval/seconds_s']:.0f} s")
             log.info(msg)
@@ -175,7 +221,8 @@ class TrainerRole:
 
     def _write_data_manifest(self) -> None:
         s = self.splits
-        manifest = {"train_questions": len(s.train), "heldout_questions": len(s.heldout),
+        manifest = {"train_questions": len(s.train), "heldout_questions": len(s.heldout), "dev_questions": len(s.dev),
+                    "evaluated_on": s.eval_on,
                     "corpus_passages": len(s.corpus), "corpus_scope": s.corpus_scope,
                     "train_files": self.cfg.data.train_files, "eval_file": self.cfg.data.eval_file,
                     "heldout_ids": [q.qid for q in s.heldout]}

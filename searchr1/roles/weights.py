@@ -1,12 +1,18 @@
 """The WEIGHTS transfer, both ends: trainer rank 0 announces a version on the channel and then publishes its
 bits on the weight-sync transport; a rollout rank waits for the announcement (bounded by the trainer's
 liveness) and only then enters the collective, so no rank ever sits in a broadcast waiting for the other
-role's work.
+role's work. The synchronous schedule receives straight into the engine (`WeightsIn`); the overlapping ones
+receive into a staging copy while the engine generates (`StagedIn`).
 """
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
+
+from searchr1.liveness import RunEnded
 from searchr1.protocol import WEIGHTS, Channel
-from searchr1.weightsync import Publisher, Subscriber
+from searchr1.weightsync import Publication, Publisher, Subscriber, replay
 
 
 class WeightsOut:
@@ -38,3 +44,60 @@ class WeightsIn:
                    "sync/verify_s": out["sync/verify_s"] + m["sync/verify_s"]}
             self.applied, self.next = self.next, self.next + 1
         return out
+
+
+class StagedIn:
+    """Receives every publication as soon as it is announced, in a thread of its own, into a staging copy of
+    the weights, so the trainer never waits for this rank to stop generating. The engine takes versions from
+    the staging at safe points (between generate calls, never inside one), in order and exactly as published:
+    each kept publication is replayed onto the live weights and checked against its digests."""
+
+    def __init__(self, channel: Channel, subscriber: Subscriber, views, publisher_member: str, first: int):
+        self.channel, self.subscriber, self.publisher_member = channel, subscriber, publisher_member
+        self.live = views()
+        self.staging = {k: v.clone() for k, v in self.live.items()}
+        self.queue: deque[Publication] = deque()
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.applied = -1
+        self.thread = threading.Thread(target=self._receive_all, args=(first,), name="weights-in", daemon=True)
+        self.thread.start()
+
+    def _receive_all(self, version: int) -> None:
+        try:
+            while True:
+                self.channel.wait(WEIGHTS, [self.publisher_member], stoppable=False, version=version)
+                pub = Publication(version, [])
+                self.subscriber.receive(self.staging, keep=pub)
+                with self.cond:
+                    self.queue.append(pub)
+                    self.cond.notify_all()
+                version += 1
+        except RunEnded:
+            return  # the run is over: nothing more will be published
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    def received(self) -> int:
+        """The newest version in staging (-1 before the first)."""
+        with self.cond:
+            return self.queue[-1].version if self.queue else self.applied
+
+    def apply_until(self, version: int) -> dict[str, float]:
+        """Wait until `version` is in staging (the receiving thread's wait is bounded by the trainer's
+        liveness), then replay every kept publication up to it onto the live weights."""
+        with self.cond:
+            while self.received() < version:
+                if self.error is not None:
+                    raise self.error
+                self.cond.wait(timeout=1.0)
+            todo = []
+            while self.queue and self.queue[0].version <= version:
+                todo.append(self.queue.popleft())
+        t0 = time.perf_counter()
+        for pub in todo:
+            replay(pub, self.live, self.subscriber.impl)
+            self.applied = pub.version
+        return {"sync/apply_s": time.perf_counter() - t0, "sync/verify_s": 0.0}

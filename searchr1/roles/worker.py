@@ -34,7 +34,8 @@ class Worker:
         t0 = time.perf_counter()
         self.index = load_or_build(splits.corpus, cfg.retriever) if cfg.agent.search else None
         t1 = time.perf_counter()
-        self.engine = make_engine(model or cfg.model, cfg.engine, cfg.agent.max_context_tokens, device)
+        self.engine = make_engine(model or cfg.model, cfg.engine, cfg.agent.max_context_tokens, device,
+                                  cfg.sampling.temperature or 1.0)
         self.retrieve = make_retrieve(self.index, self.engine.tokenizer, cfg.retriever) if self.index else None
         self.score = make_score(cfg.reward.name, cfg.reward.format_score)
         log.info("rollout worker ready: index of %d passages in %.1fs, %s engine in %.1fs",

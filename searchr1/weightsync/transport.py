@@ -9,7 +9,9 @@ One publication, every member of the sync group taking part collectively:
     digest of every updated tensor; all_reduce MAX of the mismatch flags; flagged tensors are resent whole in the same
     publication and checked again; a second failure raises on every rank.
  4. all_reduce MAX of the receivers' apply/verify seconds, so the publisher's metrics cover the slowest rank.
-The same code runs on gloo (CPU tensors) and NCCL (CUDA tensors): only `device` differs.
+The same code runs on gloo (CPU tensors) and NCCL (CUDA tensors): only `device` differs. The same frames can
+also go to a file instead of a group (`FileWire`: the elastic rollouts' channel), with the rounds of 1, 3 and 4
+reduced to what one writer and later readers can do.
 Memory beyond the weights: one bucket (sync.bucket_mb) per rank, plus on the publisher the encode scratch for
 one window (~1.5 buckets) and the published bf16 copy that deltas are taken against (sync=delta only).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -31,32 +34,66 @@ class SyncError(RuntimeError):
     """A publication that could not make every receiver bit-exact."""
 
 
-def _bcast(t: torch.Tensor, group) -> None:
-    dist.broadcast(t, group=group, group_src=0)
+class GroupWire:
+    """A publication over a process group: the publisher broadcasts, receivers fill; control, mismatch and
+    timing rounds are all-reduces (MAX) over every member."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def bcast(self, t: torch.Tensor) -> None:
+        dist.broadcast(t, group=self.group, group_src=0)
+
+    def control(self, t: torch.Tensor) -> None:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+
+    agree = control
 
 
-def _max(t: torch.Tensor, group) -> None:
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+class FileWire:
+    """A publication as a file (elastic rollouts, searchr1/weightsync/files.py): the publisher writes what it
+    would broadcast, a receiver reads it back in the same order. No round trips: the publisher's control values
+    are the file's, and a receiver that finds a mismatch cannot ask for a resend (it resyncs from a full one)."""
+
+    def __init__(self, f, writing: bool):
+        self.f, self.writing = f, writing
+
+    def bcast(self, t: torch.Tensor) -> None:
+        if self.writing:
+            self.f.write(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            return
+        n = t.numel() * t.element_size()
+        data = self.f.read(n)
+        if len(data) != n:
+            raise SyncError(f"{getattr(self.f, 'name', 'publication file')}: truncated ({len(data)} of {n} bytes)")
+        t.copy_(torch.frombuffer(bytearray(data), dtype=t.dtype).reshape(t.shape))
+
+    control = bcast
+
+    def agree(self, t: torch.Tensor) -> None:
+        pass
 
 
 class _Endpoint:
     def __init__(self, group, cfg: SyncConfig, device, impl: str = "auto"):
-        self.group, self.cfg, self.device, self.impl = group, cfg, torch.device(device), impl
+        """`group`: a process group (the fixed world), or a wire (GroupWire, FileWire)."""
+        self.wire = group if isinstance(group, (GroupWire, FileWire)) else GroupWire(group)
+        self.cfg, self.device, self.impl = cfg, torch.device(device), impl
         self.capacity = cfg.bucket_mb << 20
         self.head = torch.empty(codec.HEAD, dtype=torch.int64, device=self.device)
 
     def _control(self, resync: int, version: int) -> tuple[bool, int]:
         t = torch.tensor([resync, version], dtype=torch.int64, device=self.device)
-        _max(t, self.group)
+        self.wire.control(t)
         return bool(t[0]), int(t[1])
 
     def _mismatch_round(self, flags: torch.Tensor) -> list[int]:
-        _max(flags, self.group)
+        self.wire.agree(flags)
         return flags.nonzero().flatten().tolist()
 
     def _times_round(self, apply_s: float, verify_s: float) -> tuple[float, float]:
         t = torch.tensor([apply_s, verify_s], dtype=torch.float32, device=self.device)
-        _max(t, self.group)
+        self.wire.agree(t)
         return float(t[0]), float(t[1])
 
 
@@ -70,11 +107,13 @@ class Publisher(_Endpoint):
         self.table: Optional[list[tuple[str, int]]] = None
         self.published: Optional[list[torch.Tensor]] = None
 
-    def publish(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+    def publish(self, weights: dict[str, torch.Tensor], version: int, full: bool = False) -> dict[str, float]:
+        """Publish `weights` as `version`: a delta against the last publication, or everything when `full`,
+        when the tensor set changed, or when a receiver asks (it is new or lost sync)."""
         names = list(weights)
         new = [codec.bits(weights[k]) for k in names]
         table = [(k, t.numel()) for k, t in zip(names, new)]
-        resync, version = self._control(int(table != self.table), version)
+        resync, version = self._control(int(full or table != self.table), version)
         m = {"sync/version": float(version), "sync/bytes": 0.0, "sync/encode_s": 0.0, "sync/transfer_s": 0.0,
              "sync/frames": 0.0}
         if resync:
@@ -122,7 +161,7 @@ class Publisher(_Endpoint):
 
     def _send(self, t: torch.Tensor, m: dict) -> None:
         t0 = time.perf_counter()
-        _bcast(t, self.group)
+        self.wire.bcast(t)
         m["sync/transfer_s"] += time.perf_counter() - t0
         m["sync/bytes"] += t.numel() * t.element_size()
 
@@ -153,6 +192,33 @@ class Publisher(_Endpoint):
                 break
 
 
+@dataclass
+class Publication:
+    """One publication as received, kept to be replayed later onto other tensors holding the previous version
+    (a staging copy receives while the engine generates; the engine takes the version at a safe point)."""
+
+    version: int
+    names: list[str]
+    frames: list[tuple[list[list[int]], torch.Tensor]] = field(default_factory=list)  # (records, payload bytes)
+    digests: Optional[torch.Tensor] = None  # [kind, s0, s1] per tensor, as published
+
+
+def replay(pub: Publication, views: dict[str, torch.Tensor], impl: str = "auto") -> int:
+    """Write `pub` into `views` (which hold the version before it) and check every tensor it updated against
+    the published digest; returns the elements changed. A mismatch is not repaired here (the publisher has
+    moved on): the views were written by someone else, and that is an error."""
+    targets = [codec.bits(views[k]) for k in pub.names]
+    changed = 0
+    for records, payload in pub.frames:
+        changed += sum(codec.apply_frame(records, payload, targets, impl, pub.names).values())
+    if pub.digests is not None:
+        bad = [pub.names[t] for t in range(len(targets)) if pub.digests[t, 0] != 0
+               and codec.digest(targets[t], 0, impl) != (int(pub.digests[t, 1]), int(pub.digests[t, 2]))]
+        if bad:
+            raise SyncError(f"version {pub.version}: {bad[:5]} differ from the publication after replay")
+    return changed
+
+
 class Subscriber(_Endpoint):
     """A rollout rank's side: writes into the engine's live bf16 tensors in place and checks their digests."""
 
@@ -161,13 +227,18 @@ class Subscriber(_Endpoint):
         self.bucket = torch.empty(self.capacity, dtype=torch.uint8, device=self.device)
         self.names: Optional[list[str]] = None
         self.synced = False
+        self._keep: Optional[Publication] = None
 
-    def receive(self, views: dict[str, torch.Tensor]) -> dict[str, float]:
+    def receive(self, views: dict[str, torch.Tensor], keep: Optional[Publication] = None) -> dict[str, float]:
+        """Receive one publication into `views`; with `keep`, also record its frames and digests there."""
+        self._keep = keep
         try:
             return self._receive(views)
         except Exception:
             self.synced = False
             raise
+        finally:
+            self._keep = None
 
     def _receive(self, views: dict[str, torch.Tensor]) -> dict[str, float]:
         t_start = time.perf_counter()
@@ -179,6 +250,8 @@ class Subscriber(_Endpoint):
             raise SyncError("received a delta before any full export")
         targets = [self._target(views, k) for k in self.names]
         changed, dig = self._recv_stream(targets, m)
+        if self._keep is not None:
+            self._keep.version, self._keep.names, self._keep.digests = version, list(self.names), dig
 
         mismatched, repaired = 0, 0
         if self.cfg.verify:
@@ -204,9 +277,9 @@ class Subscriber(_Endpoint):
 
     def _recv_table(self, views) -> list[str]:
         n = torch.empty(1, dtype=torch.int64, device=self.device)
-        _bcast(n, self.group)
+        self.wire.bcast(n)
         blob = torch.empty(int(n), dtype=torch.uint8, device=self.device)
-        _bcast(blob, self.group)
+        self.wire.bcast(blob)
         table = json.loads(bytes(blob.cpu().numpy()).decode())
         for name, numel in table:
             if name not in views:
@@ -228,14 +301,14 @@ class Subscriber(_Endpoint):
         """Frames until the last; (changed elements per tensor id, the digest rows if the last frame had them)."""
         changed: dict[int, int] = {}
         while True:
-            _bcast(self.head, self.group)
+            self.wire.bcast(self.head)
             n_rec, n_dig = int(self.head[0]), int(self.head[4])
             if not 0 <= n_rec <= codec.MAX_RECORDS or n_dig not in (0, len(targets)):
                 raise SyncError(f"frame header announces {n_rec} records (at most {codec.MAX_RECORDS}) and "
                                 f"{n_dig} digests for {len(targets)} tensors")
             rest = torch.empty(codec.REC * n_rec + 3 * n_dig, dtype=torch.int64, device=self.device)
             if rest.numel():
-                _bcast(rest, self.group)
+                self.wire.bcast(rest)
             header = torch.cat([self.head, rest]).cpu()
             records, used, last, n_tensors = codec.parse_header(header)
             if n_tensors != len(targets):
@@ -243,7 +316,9 @@ class Subscriber(_Endpoint):
             if used > self.capacity:
                 raise SyncError(f"frame of {used} bytes exceeds sync.bucket_mb={self.cfg.bucket_mb} here")
             if used:
-                _bcast(self.bucket[:used], self.group)
+                self.wire.bcast(self.bucket[:used])
+            if self._keep is not None:
+                self._keep.frames.append((records, self.bucket[:used].clone()))
             m["sync/bytes"] += used
             t0 = time.perf_counter()
             for t, c in codec.apply_frame(records, self.bucket[:used], targets, self.impl, self.names).items():

@@ -3,11 +3,13 @@ hangs. Off unless SEARCHR1_FAULTS is set; nothing else reads it.
 
     SEARCHR1_FAULTS="rank=3,point=rollout,step=1,do=sleep:6;rank=2,point=train,do=exit:3"
 
-Each rule: `rank` (global rank), `point` (rollout: before a unit is generated; train: before an optimizer
-step; eval: before a held-out evaluation; publish: before weights are published), optional `step`
-(0-based step, or the weights version for eval), optional `times` (how often the rule may fire; default 1),
-and `do`: sleep:SECONDS (slow but alive: the heartbeat thread keeps beating), exit:CODE, kill (SIGKILL
-itself), stop (SIGSTOP itself: alive to the OS, silent to the job).
+Each rule: `rank` (a global rank, or `workerN` for elastic rollout worker slot N), `point` (rollout: before a
+unit is generated; train: before an optimizer step; eval: before a held-out evaluation; publish: before
+weights are published), optional `step` (0-based step, or the weights version for eval), optional `times`
+(how often the rule may fire in one process; default 1), optional `once=PATH` (fire only if PATH does not
+exist, and create it: once across restarts of a process), and `do`: sleep:SECONDS (slow but alive: the
+heartbeat thread keeps beating), exit:CODE, kill (SIGKILL itself), stop (SIGSTOP itself: alive to the OS,
+silent to the job).
 """
 from __future__ import annotations
 
@@ -31,18 +33,24 @@ def _rules() -> list[dict[str, str]]:
     return rules
 
 
-def hit(point: str, rank: int, step: int) -> None:
-    """Act on every rule for this point, rank and step (a no-op when SEARCHR1_FAULTS is unset)."""
+def hit(point: str, who: int | str, step: int) -> None:
+    """Act on every rule for this point, rank (or worker name) and step (a no-op when SEARCHR1_FAULTS is
+    unset)."""
     if ENV not in os.environ:
         return
     for i, rule in enumerate(_rules()):
-        if rule["point"] != point or int(rule["rank"]) != rank or int(rule.get("step", step)) != step:
+        if rule["point"] != point or rule["rank"] != str(who) or int(rule.get("step", step)) != step:
             continue
         if _fired.get(i, 0) >= int(rule.get("times", 1)):
             continue
+        if "once" in rule:
+            if os.path.exists(rule["once"]):
+                continue
+            open(rule["once"], "w").close()
         _fired[i] = _fired.get(i, 0) + 1
         action, _, arg = rule["do"].partition(":")
-        print(f"[faults] rank {rank} at {point} step {step}: {rule['do']}", flush=True)
+        print(f"[faults] {f'rank {who}' if isinstance(who, int) else who} at {point} step {step}: {rule['do']}",
+              flush=True)
         if action == "sleep":
             time.sleep(float(arg))
         elif action == "exit":

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchr1 import faults
 from searchr1.config import Config
-from searchr1.liveness import Heartbeat, Liveness, post_failure
-from searchr1.protocol import CLAIM, DONE, OPEN, RESULT, START, TASK, WEIGHTS, Channel, Unit, chunk
+from searchr1.liveness import Heartbeat, Liveness, MemberLost, post_failure
+from searchr1.protocol import BYE, CLAIM, DONE, OPEN, RESULT, START, TASK, WEIGHTS, Channel, Unit, chunk
 from searchr1.rundir import progress
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,10 @@ class Dispatcher:
         for tid in list(self.open):
             a = self.attempt[tid]
             if self.channel.ready(RESULT, tid=tid, attempt=a):
-                self.done[tid] = (a, self.channel.get(RESULT, [], tid=tid, attempt=a))
+                result = self.channel.get(RESULT, [], tid=tid, attempt=a)
+                self.done[tid] = (a, result)
+                key = f"elastic/units/{result['worker']}"
+                self.stats[key] = self.stats.get(key, 0.0) + 1
                 del self.open[tid]
                 continue
             claim = CLAIM.key_for(tid=tid, attempt=a)
@@ -166,6 +170,7 @@ class ElasticWorker:
     def __init__(self, cfg: Config, run_dir: Path, store, worker, weights, schedule_factory, heartbeat_period_s):
         self.cfg, self.run_dir, self.store, self.worker, self.weights = cfg, Path(run_dir), store, worker, weights
         self.id = f"w{int(store.add('workers/next', 1)) - 1}"
+        self.slot = f"worker{os.environ.get('SEARCHR1_WORKER_SLOT', '?')}"  # the backend's slot (faults, logs)
         self.heartbeat = Heartbeat(lambda: store, self.id, heartbeat_period_s).start()
         self.channel = Channel(store, Liveness(store, cfg.cluster.heartbeat_timeout_s), abort=(DONE,))
         self.schedule_factory = schedule_factory
@@ -181,6 +186,7 @@ class ElasticWorker:
                 continue
             attempt, t = task
             self.channel.put(RESULT, self._do(t), tid=t.tid, attempt=attempt)
+        self.channel.put(BYE, True, rank=self.id)  # trainer 0 hosts the store: it waits for live workers to leave
 
     def _claim(self):
         if not self.store.check([OPEN.key_for()]):
@@ -201,9 +207,12 @@ class ElasticWorker:
     def _do(self, t: Task):
         if t.kind == "eval":
             self._version(t.key)
+            faults.hit("eval", self.slot, t.key)
             preds, summary = self.worker.evaluate([self.worker.splits.evaluation[i] for i in t.questions])
-            return {"predictions": preds, "seconds": summary.get("seconds", {}).get("total_s", 0.0)}
+            return {"predictions": preds, "seconds": summary.get("seconds", {}).get("total_s", 0.0),
+                    "worker": self.id}
         self._version(self.schedule.version_for(t.key))
+        faults.hit("rollout", self.slot, t.key)
         trajs, m = self.worker.generate(t.unit, lambda: self.weights.applied, self.schedule.stage(t.key))
         return {"unit": t.unit, "trajectories": trajs, "metrics": m, "worker": self.id}
 
@@ -283,4 +292,10 @@ class ElasticRollouts:
         return self.dispatcher.take_stats()
 
     def leave(self) -> None:
-        pass  # workers end by themselves when they see DONE
+        """Workers end by themselves once they see DONE; wait for the live ones (the store lives here)."""
+        for w in self.dispatcher.workers():
+            if self.dispatcher.alive(w):
+                try:
+                    self.channel.wait(BYE, [w], stoppable=False, rank=w)
+                except MemberLost:
+                    pass  # it died on its way out: nothing of the run depended on it any more

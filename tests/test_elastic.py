@@ -1,0 +1,88 @@
+"""Elastic rollouts on local processes: the same run as the fixed world without faults; a killed worker costs
+its unit, not the job; a restarted one rejoins with verified weights; a worker added mid-run takes work; a
+trainer's death still ends the job."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from golden import differences, fingerprint, recorded, signature
+from searchr1 import metrics as K
+from searchr1.metrics import read_metrics
+from test_loop import FAST_LIVENESS, alive, launch
+
+ROOT = Path(__file__).resolve().parent.parent
+ELASTIC = ("cluster.elastic.enabled=true",)
+
+
+def train_records(run: Path) -> list[dict]:
+    return [x for x in read_metrics(run / "metrics.jsonl") if x[K.KIND] == K.TRAIN]
+
+
+def test_without_faults_an_elastic_run_is_the_golden_run(tmp_path):
+    """schedule=sync, no faults: the same units, weights bit-exact through files: the same run."""
+    r, run = launch(tmp_path / "elastic", *ELASTIC)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = signature(run)
+    want = recorded("smoke")
+    if want["fingerprint"] == fingerprint():
+        assert differences(want, got) == []
+    r, fixed = launch(tmp_path / "fixed")
+    assert r.returncode == 0 and differences(signature(fixed), got) == []
+    assert (run / "weights").is_dir() and json.loads((run / "rendezvous.json").read_text())["port"] > 0
+
+
+def test_a_killed_worker_costs_its_unit_not_the_job_and_rejoins(tmp_path):
+    once = tmp_path / "fired"
+    # worker 1 dies holding a unit of step 3; the run lasts long enough for its restart to come back
+    kill = f"rank=worker1,point=rollout,step=2,do=kill,once={once};rank=worker0,point=rollout,do=sleep:1,times=1000"
+    r, run = launch(tmp_path, *ELASTIC, *FAST_LIVENESS, "steps=12", faults=kill)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert once.exists()  # the fault fired: worker 1 died holding a unit of step 3
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "COMPLETED" and status["restarts"][3] == 1
+    train = train_records(run)
+    assert [x[K.STEP] for x in train] == list(range(1, 13))
+    assert all(x[K.TRAJECTORIES] == 4 for x in train)  # the configured batch every step: nothing lost
+    assert sum(x["elastic/reissued"] for x in train) >= 1 and sum(x["elastic/lost"] for x in train) == 0
+    # the restarted worker registered anew and joined from a full weights file, verified
+    assert sum(x["elastic/joins"] for x in train) >= 1
+    assert any(x["elastic/rejoin_s"] > 0 for x in train)
+    assert "weights: rejoining" not in (run / "logs" / "worker1.log").read_text()
+
+
+def test_a_trainer_death_still_ends_the_job(tmp_path):
+    r, run = launch(tmp_path, *ELASTIC, "steps=4", faults="rank=1,point=train,step=1,do=kill")
+    assert r.returncode != 0
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "FAILED" and status["failed_rank"] == 1 and status["failed_role"] == "trainer"
+    assert not any(alive(p) for p in status["pids"])
+
+
+def test_a_worker_added_mid_run_takes_work_and_leaves_with_the_run(tmp_path):
+    """One worker, four units per step; a second joins from another launch (`join=RUN_DIR`) and takes units."""
+    slow = "rank=worker0,point=rollout,do=sleep:0.5,times=1000"
+    env = dict(os.environ, SEARCHR1_FAULTS=slow)
+    run_root = tmp_path / "runs"
+    main = subprocess.Popen([sys.executable, "launch.py", "+experiment=smoke", f"run_root={run_root}", *ELASTIC,
+                             "cluster.rollout_ranks=1", "cluster.elastic.units_per_step=4", "steps=12",
+                             "algo.questions_per_step=4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run = None
+    for line in main.stdout:
+        if line.startswith("run folder: "):
+            run = Path(line.split(": ", 1)[1].strip())
+        if " | reward " in line:  # the run is under way
+            break
+    join = subprocess.run([sys.executable, "launch.py", "+experiment=smoke", f"run_root={tmp_path / 'joins'}",
+                           *ELASTIC, f"join={run}", "cluster.rollout_ranks=1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    rest = main.communicate(timeout=900)[0]
+    assert main.returncode == 0, rest[-3000:]
+    assert join.returncode == 0, join.stdout[-3000:] + join.stderr[-3000:]
+    train = train_records(run)
+    assert len(train) == 12 and all(x[K.TRAJECTORIES] == 8 for x in train)
+    assert max(x["elastic/workers"] for x in train) == 2
+    assert sum(x.get("elastic/units/w1", 0) for x in train) > 0  # the joined worker did work

@@ -34,11 +34,11 @@ class Topology:
         return "trainer" if self.rank < self.n_trainer else "rollout"
 
     @property
-    def trainer_ranks(self) -> list[int]:
+    def trainers(self) -> list[int]:
         return list(range(self.n_trainer))
 
     @property
-    def rollout_ranks(self) -> list[int]:
+    def rollouts(self) -> list[int]:
         return list(range(self.n_trainer, self.world))
 
     @property
@@ -47,9 +47,9 @@ class Topology:
         return self.rank - self.n_trainer if self.role == "rollout" else -1
 
     @property
-    def sync_ranks(self) -> list[int]:
+    def sync_members(self) -> list[int]:
         """Who takes part in a weight publication: the publishing trainer (rank 0) and every rollout rank."""
-        return [0] + self.rollout_ranks
+        return [0] + self.rollouts
 
     def member(self, rank: int | None = None) -> str:
         """A rank's name on the store (heartbeats, failures)."""
@@ -107,8 +107,8 @@ def init(topo: Topology, store, collective_timeout_s: int) -> Groups:
     dist.init_process_group(backend=backend, store=dist.PrefixStore("pg", store), rank=topo.rank,
                             world_size=topo.world, timeout=timeout)
     # new_group is collective: every rank creates every group, in the same order.
-    trainer = dist.new_group(topo.trainer_ranks, backend=backend, timeout=timeout)
-    sync = dist.new_group(topo.sync_ranks, backend=backend, timeout=timeout)
+    trainer = dist.new_group(topo.trainers, backend=backend, timeout=timeout)
+    sync = dist.new_group(topo.sync_members, backend=backend, timeout=timeout)
     return Groups(trainer=trainer, sync=sync, device=device)
 
 

@@ -36,7 +36,7 @@ class FixedRollouts:
 
     def __init__(self, channel: Channel, topo: Topology):
         self.channel, self.topo = channel, topo
-        self.members = [topo.member(r) for r in topo.rollout_ranks]
+        self.members = [topo.member(r) for r in topo.rollouts]
 
     def units(self, step: int, schedule: Schedule) -> list[dict]:
         return [self.channel.get(BATCH, [m], step=step, unit=u) for u, m in enumerate(self.members)]
@@ -62,13 +62,13 @@ class FixedRollouts:
 
     def times(self, step: int) -> list[dict]:
         return [self.channel.get(TIMES, [self.topo.member(r)], delete=True, step=step, rank=r)
-                for r in self.topo.rollout_ranks]
+                for r in self.topo.rollouts]
 
     def stats(self) -> dict[str, float]:
         return {}
 
     def leave(self) -> None:
-        for r in self.topo.rollout_ranks:  # the store lives in trainer 0: it stays until every rank has left
+        for r in self.topo.rollouts:  # the store lives in trainer 0: it stays until every rank has left
             self.channel.wait(BYE, [self.topo.member(r)], rank=r)
 
 

@@ -1,0 +1,173 @@
+"""Synchronous versus overlapping schedules on the learning experiment: idle time won back, exact match lost.
+
+Every run starts from the same warm-start checkpoint (made once, first) with the same seed and questions per
+step, on the local placement that gives the trainer and the rollout a core each (`cluster.placement=split`,
+1 trainer + 1 rollout rank), so that overlap is real on a CPU as it is on separate GPUs:
+
+    sync                      the seed's loop
+    pipelined_k1              rollouts one version behind
+    pipelined_k2_ratio        two behind, PPO's ratio against the behaviour policy (no correction)
+    pipelined_k2_decoupled    two behind, AReaL's decoupled objective with a truncated importance weight
+    streaming_k2              continuous generation, weights taken between turns, admission bound 2
+
+The sync run does `--steps` RL steps; the others run for as long as sync took (`--steps` x the sync seconds
+per step, capped at 2x the steps), so that held-out EM compares at equal steps and at equal wall time. Written:
+results/schedules/<name>/ (each run's light files) and results/bench/schedules.json (every figure), plus a
+model of the production shape (2 trainer + 14 rollout GPUs, Qwen2.5-3B, the seed's 24.3 s per step) fed by the
+measured phase times.
+
+    python bench/schedules.py                 # ~2 h on 2 cores
+    python bench/schedules.py --steps 6 --eval-every 3 --questions 40   # a quick look (~25 min)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from searchr1 import metrics as K  # noqa: E402
+from searchr1.stats import paired_predictions, wilson  # noqa: E402
+from searchr1.evaluation import read_predictions  # noqa: E402
+
+MODES = {
+    "sync": [],
+    "pipelined_k1": ["schedule=pipelined", "schedule.max_lag=1"],
+    "pipelined_k2_ratio": ["schedule=pipelined", "schedule.max_lag=2", "algo.off_policy=ratio"],
+    "pipelined_k2_decoupled": ["schedule=pipelined", "schedule.max_lag=2", "algo.off_policy=decoupled"],
+    "streaming_k2": ["schedule=streaming", "schedule.max_lag=2", "algo.off_policy=decoupled"],
+}
+PLACEMENT = ["cluster.trainer_ranks=1", "cluster.rollout_ranks=1", "cluster.placement=split"]
+SEED_STEP_S = 24.3  # the seed's seconds per step, 2 trainer + 14 rollout GPUs, Qwen2.5-3B (synchronous)
+
+
+def launch(run_root: Path, name: str, *overrides: str) -> Path:
+    cmd = [sys.executable, "launch.py", "+experiment=search_r1_cpu", f"run_root={run_root}", f"run_name={name}",
+           *PLACEMENT, *overrides]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"{name} failed ({r.returncode})")
+    run = run_root / name
+    (run / "wall_s.txt").write_text(f"{time.time() - t0:.1f}\n")
+    return run
+
+
+def summarize(run: Path, sync_wall_s: float | None) -> dict:
+    recs = K.read_metrics(run / "metrics.jsonl")
+    train = [r for r in recs if r[K.KIND] == K.TRAIN]
+    evals = [r for r in recs if r[K.KIND] == K.EVAL]
+    rl = [r for r in train if r.get("stage", "rl") == "rl"]
+    wall = sum(r[K.STEP_S] for r in rl)
+    out = {"steps": len(rl), "rl_wall_s": wall, "steps_per_hour": 3600 * len(rl) / wall if wall else 0.0,
+           "useful_work_fraction": sum(r[K.USEFUL_FRACTION] for r in rl) / max(len(rl), 1),
+           "idle_s_per_step": {role: sum(r.get(f"time/{role}/wait_s", 0.0) for r in rl) / max(len(rl), 1)
+                               for role in ("trainer", "rollout")},
+           "lag_histogram": {}, "importance_weights": {}}
+    for r in rl:
+        for k, v in r.items():
+            if k.startswith("lag/count/"):
+                out["lag_histogram"][k.split("/")[-1]] = out["lag_histogram"].get(k.split("/")[-1], 0) + v
+    for key in ("is/mean", "is/max", "is/truncated_frac", "is/ess", "train/approx_kl", "train/clip_frac"):
+        vals = [r[key] for r in rl if isinstance(r.get(key), (int, float))]
+        if vals:
+            out["importance_weights"][key] = {"mean": sum(vals) / len(vals), "max": max(vals)}
+    # the wall clock of each evaluation: the RL seconds done when it was taken
+    elapsed, clock = {}, 0.0
+    for r in train:
+        clock += r[K.STEP_S] if r.get("stage", "rl") == "rl" else 0.0
+        elapsed[r[K.STEP]] = clock
+    out["evals"] = []
+    for e in evals:
+        lo, hi = wilson(e[K.EVAL_EM_COUNT], e[K.EVAL_N])
+        out["evals"].append({"version": e[K.STEP], "em": f"{e[K.EVAL_EM_COUNT]}/{e[K.EVAL_N]}",
+                             "em_pct": 100 * e[K.EVAL_EM], "ci95": [100 * lo, 100 * hi], "f1": e[K.EVAL_F1],
+                             "rl_wall_s": elapsed.get(e[K.STEP], 0.0)})
+    if sync_wall_s is not None:
+        within = [e for e in out["evals"] if e["rl_wall_s"] <= sync_wall_s * 1.02]
+        out["em_at_sync_wall_time"] = within[-1] if within else None
+    return out
+
+
+def production_model(sync: dict, runs: dict) -> dict:
+    """Step time and useful-work fraction of each mode at the production shape. Assumptions: the generation
+    share of a synchronous step is the one measured here (and, for comparison, 0.5/0.7/0.9); the overlapping
+    schedules take max(generation + apply, training + publish) per step; 14 rollout and 2 trainer GPUs each
+    busy with their own phase; weight bytes at the seed's 165 MB delta per step over 25 GB/s."""
+    gen = sync["phase_s"]["rollout"]
+    train = sync["phase_s"]["train"]
+    share = gen / (gen + train) if gen + train else 0.5
+    publish = 165e6 / 25e9
+    out = {"assumptions": production_model.__doc__.split("Assumptions: ")[1].replace("\n   ", ""), "modes": {}}
+    for label, s in (("measured_share", share), ("share_0.5", 0.5), ("share_0.7", 0.7), ("share_0.9", 0.9)):
+        g, t = s * (SEED_STEP_S - publish), (1 - s) * (SEED_STEP_S - publish)
+        modes = {"sync": g + t + publish}
+        for name in runs:
+            if name != "sync":
+                modes[name] = max(g + 0.05, t + publish)
+        out["modes"][label] = {"generation_share": s, **{
+            name: {"step_s": step, "useful_work_fraction": (14 * g + 2 * t) / (16 * step),
+                   "steps_per_hour": 3600 / step} for name, step in modes.items()}}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--questions", type=int, default=200, help="held-out questions per evaluation")
+    ap.add_argument("--run-root", default=str(ROOT / "runs" / "schedules"))
+    ap.add_argument("--out", default=str(ROOT / "results"))
+    args = ap.parse_args()
+    run_root, out = Path(args.run_root), Path(args.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}", "eval_before=false"]
+    warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals)
+    ckpt = sorted((warm / "checkpoints").glob("step_*"))[-1] / "model"
+    start = ["warm_start.steps=0", "model.source=hub", f"model.path={ckpt}", "model.name=warm", "eval_before=true"]
+    results, runs = {}, {}
+    sync = launch(run_root, f"sync-{stamp}", f"steps={args.steps}", *start, *evals)
+    runs["sync"] = sync
+    results["sync"] = summarize(sync, None)
+    sync_step = results["sync"]["rl_wall_s"] / results["sync"]["steps"]
+    for name, extra in MODES.items():
+        if name == "sync":
+            continue
+        steps = math.ceil(args.steps * 1.8)  # past sync's wall time at the speedup hoped for; equal steps read step N
+        runs[name] = launch(run_root, f"{name}-{stamp}", f"steps={steps}", *start, *evals, *extra)
+        results[name] = summarize(runs[name], results["sync"]["rl_wall_s"])
+        results[name]["speedup_steps_per_hour"] = results[name]["steps_per_hour"] / results["sync"]["steps_per_hour"]
+    # equal steps: the evaluation at step N of every run against sync's, question by question
+    final = f"step_{args.steps:06d}.jsonl"
+    base = read_predictions(sync / "predictions" / final)
+    for name, run in runs.items():
+        if name != "sync" and (run / "predictions" / final).exists():
+            p = paired_predictions(base, read_predictions(run / "predictions" / final))
+            results[name]["vs_sync_at_equal_steps"] = {"sync": p.a_correct, "this": p.b_correct, "n": p.n,
+                                                      "only_sync": p.only_a, "only_this": p.only_b,
+                                                      "mcnemar_p": p.p_value}
+    recs = [r for r in K.read_metrics(sync / "metrics.jsonl") if r[K.KIND] == K.TRAIN and r.get("stage") != "sft"]
+    results["sync"]["phase_s"] = {"rollout": sum(r.get("time/rollout/rollout_s", 0.0) for r in recs) / len(recs),
+                                  "train": sum(r.get("time/trainer/train_s", 0.0) for r in recs) / len(recs)}
+    report = {"steps": args.steps, "seconds_per_sync_step": sync_step, "runs": results,
+              "production_model": production_model(results["sync"], MODES)}
+    (out / "bench").mkdir(parents=True, exist_ok=True)
+    (out / "bench" / "schedules.json").write_text(json.dumps(report, indent=1) + "\n")
+    from searchr1.rundir import export
+
+    for name, run in runs.items():
+        export(run, out / "schedules" / name)
+    print(json.dumps({n: {k: r.get(k) for k in ("steps_per_hour", "useful_work_fraction")} for n, r in results.items()},
+                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,8 +37,8 @@ class Job:
             rank -= g.tasks
         raise ValueError(f"rank beyond the job's {self.world} tasks")
 
-    def call(self, cfg: Config, run_dir: Path) -> None:
-        _resolve(self.entry)(cfg, Path(run_dir))
+    def call(self, cfg: Config, run_dir: Path):
+        return _resolve(self.entry)(cfg, Path(run_dir))
 
     def run_prepare(self, cfg: Config, run_dir: Path) -> None:
         if self.prepare:

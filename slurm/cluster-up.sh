@@ -6,7 +6,10 @@
 # Idempotent: when the running cluster already has this configuration and every node answers, it only
 # prints the node table (well under a second). A different configuration restarts the daemons.
 #
-#   NNODES=4 GPUS_PER_NODE=8 CPUS_PER_NODE=64 MEM_PER_NODE_MB=512000 slurm/cluster-up.sh
+# Partitions debug (default) and short (1 minute) are preemptible (PreemptMode=REQUEUE, GraceTime=GRACE_S) by
+# jobs of the higher-tier partition urgent: the tests preempt a run for real.
+#
+#   NNODES=4 GPUS_PER_NODE=8 CPUS_PER_NODE=64 MEM_PER_NODE_MB=512000 GRACE_S=120 slurm/cluster-up.sh
 #   SLURM_CI_DIR=/var/spool/slurm-ci   state, logs and pid files (slurm/cluster-down.sh wipes it)
 #   ACCOUNTING=1                       adds slurmdbd + MariaDB, so that sacct works
 set -euo pipefail
@@ -17,6 +20,8 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_NODE=${CPUS_PER_NODE:-64}
 MEM_PER_NODE_MB=${MEM_PER_NODE_MB:-512000}
 ACCOUNTING=${ACCOUNTING:-0}
+# preempted jobs (debug, short) get this long between SIGTERM and SIGKILL
+GRACE_S=${GRACE_S:-120}
 S=${SLURM_CI_DIR:-/var/spool/slurm-ci}
 LAST=$((NNODES - 1))
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -69,9 +74,14 @@ KillWait=2
 MinJobAge=86400
 InactiveLimit=0
 NodeName=node[0-$LAST] NodeHostname=localhost NodeAddr=127.0.0.1 Port=17000-$((17000 + LAST)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# Preemption as production sites do it: a job of a higher PriorityTier partition (urgent) requeues the jobs in
+# its way. They get SIGTERM, GraceTime seconds to save their state, then SIGKILL, and are requeued.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=$GRACE_S
 # a 1-minute partition: a longer job is accepted and then pends forever (PartitionTimeLimit); tests use it
-PartitionName=short Nodes=ALL MaxTime=1 State=UP
+PartitionName=short Nodes=ALL MaxTime=1 State=UP PriorityTier=1 GraceTime=$GRACE_S
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 CONF
 }
 

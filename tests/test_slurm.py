@@ -1,40 +1,24 @@
-"""Slurm backend: the script and the pure pieces without Slurm; het jobs against the local cluster
-(slurm/cluster-up.sh) under the `slurm` marker, skipped when sbatch is missing or the cluster is down."""
+"""Slurm backend without Slurm: the batch script (and the production one the slurm README shows), the settings,
+the rank environment, the port, the code snapshot, how the batch script names a failure. The jobs themselves:
+tests/test_slurm_cluster.py."""
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed as tdist
 
-from searchr1 import dist, rundir
-from searchr1.cluster import slurm
-from searchr1.config import ClusterConfig, Config, SlurmConfig
-
-REPO = Path(__file__).resolve().parent.parent
+from searchr1 import rundir
+from searchr1.cluster import batch, slurm, snapshot
+from searchr1.cluster.script import batch_script, rank_command
+from searchr1.config import ClusterConfig, ConfigError, SlurmConfig
+from tests.slurm_helpers import REPO, git, make_cfg, toy_job
 
 
-def make_cfg(tmp_path: Path, **slurm_fields) -> Config:
-    # the tasks unpickle toy_entry by reference: they must import this module
-    here = f"export PYTHONPATH={Path(__file__).parent}${{PYTHONPATH:+:$PYTHONPATH}}"
-    fields = dict(time_min=10, cpus_per_task=1, mem_per_task_gb=1, trainer_nodes=1, rollout_nodes=1, wait=False,
-                  poll_s=1, check_s=1, setup=[here])
-    fields.update(slurm_fields)
-    cluster = ClusterConfig(backend="slurm", trainer_ranks=2, rollout_ranks=2, gpus=4, timeout_s=60,
-                            slurm=SlurmConfig(**fields))
-    return Config(experiment="slurm_test", run_root=str(tmp_path), cluster=cluster)
-
-
-# ------------------------------------------------------------------------------------------ without Slurm
 @pytest.mark.parametrize("nodelist, host", [
     ("node0", "node0"), ("node[2-3]", "node2"), ("gpu[07-09,12],cpu1", "gpu07"), ("a1,b[1-2]", "a1"),
     ("r[1-2]-n[3,5]", "r1-n3"),
@@ -43,38 +27,55 @@ def test_first_host(nodelist, host):
     assert slurm.first_host(nodelist) == host
 
 
-def test_job_port_stays_in_range_and_is_stable():
-    ports = {slurm.job_port(str(j), [20000, 20010]) for j in range(100)}
-    assert ports == set(range(20000, 20010))
-    assert slurm.job_port("12345", [20000, 32000]) == slurm.job_port("12345", [20000, 32000])
+def test_the_port_is_the_first_free_one_from_the_job_port(tmp_path):
+    from searchr1.cluster.task import free_port
+
+    cluster = make_cfg(tmp_path, port_range=[20000, 20010]).cluster
+    assert {slurm.job_port(str(j), [20000, 20010]) for j in range(100)} == set(range(20000, 20010))
+    start = slurm.job_port("12345", [20000, 20010])
+    assert free_port("12345", cluster, is_free=lambda p: True) == start
+    busy = {start, start + 1 if start < 20009 else 20000}
+    assert free_port("12345", cluster, is_free=lambda p: p not in busy) not in busy
+    with pytest.raises(RuntimeError, match=r"no free port in cluster.slurm.port_range=\[20000, 20010\]"):
+        free_port("12345", cluster, is_free=lambda p: False)
+    cluster.port = 29555
+    with pytest.raises(RuntimeError, match="cluster.port=29555 is in use"):
+        free_port("12345", cluster, is_free=lambda p: False)
+    assert free_port("12345", cluster, is_free=lambda p: True) == 29555
 
 
 def het_env(procid: int, **extra) -> dict:
     env = {"SLURM_PROCID": str(procid), "SLURM_NTASKS": "4", "SLURM_NTASKS_HET_GROUP_0": "2",
            "SLURM_NTASKS_HET_GROUP_1": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "node[3-4]", "SLURM_JOB_ID": "77",
-           "SLURM_LOCALID": str(procid % 2)}
+           "SLURM_LOCALID": str(procid % 2), "MASTER_PORT": "20077", "SLURM_CPUS_PER_TASK": "2",
+           "CUDA_VISIBLE_DEVICES": "0,1"}
     env.update(extra)
     return env
 
 
-def test_rank_env_world_rank_and_rendezvous(tmp_path):
-    cluster = make_cfg(tmp_path).cluster
-    env = slurm.rank_env(het_env(3), cluster)
+def test_rank_env_world_rank_rendezvous_and_own_gpu(tmp_path):
+    cfg = make_cfg(tmp_path, cpus_per_task=3)
+    cluster, job = cfg.cluster, toy_job("toy_join", cfg)
+    env = slurm.rank_env(het_env(3), cluster, job)
+    # the step's SLURM_CPUS_PER_TASK is the last component's (Slurm 22.05): the request is stated instead
     assert env == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "node3",
-                   "MASTER_PORT": str(slurm.job_port("77", cluster.slurm.port_range)), "OMP_NUM_THREADS": "1"}
-    assert slurm.rank_env(het_env(3, SLURM_CPUS_PER_TASK="8"), cluster)["OMP_NUM_THREADS"] == "8"
-    cluster.port = 29555
-    assert slurm.rank_env(het_env(0), cluster)["MASTER_PORT"] == "29555"
+                   "MASTER_PORT": "20077", "SLURM_CPUS_PER_TASK": "3", "CUDA_VISIBLE_DEVICES": "1"}
+    cluster.slurm.gpus_per_task = 2
+    with pytest.raises(RuntimeError, match="local rank 1 needs GPUs 2-3"):
+        slurm.rank_env(het_env(3), cluster, job)
+    cluster.slurm.gpu_binding = "task"  # Slurm has confined the task to its GPU already
+    assert "CUDA_VISIBLE_DEVICES" not in slurm.rank_env(het_env(3, CUDA_VISIBLE_DEVICES="0"), cluster, job)
 
 
 def test_rank_env_refuses_a_step_of_another_shape(tmp_path):
-    cluster = make_cfg(tmp_path).cluster
-    with pytest.raises(RuntimeError, match="trainer_ranks=2"):
-        slurm.rank_env(het_env(0, SLURM_NTASKS_HET_GROUP_0="1", SLURM_NTASKS="3"), cluster)
+    cfg = make_cfg(tmp_path)
+    cluster, job = cfg.cluster, toy_job("toy_join", cfg)
+    with pytest.raises(RuntimeError, match="the step has 1 group-0 tasks of 3; the job asks for 2 trainer"):
+        slurm.rank_env(het_env(0, SLURM_NTASKS_HET_GROUP_0="1", SLURM_NTASKS="3"), cluster, job)
     env = het_env(0)
     del env["SLURM_JOB_NODELIST_HET_GROUP_0"]
     with pytest.raises(RuntimeError, match="SLURM_JOB_NODELIST_HET_GROUP_0"):
-        slurm.rank_env(env, cluster)
+        slurm.rank_env(env, cluster, job)
 
 
 def test_merge_components_folds_het_labels():
@@ -97,30 +98,57 @@ def test_combined_state(states, state):
     assert slurm.combined_state(states) == state
 
 
-def test_dry_run_writes_a_readable_het_script(tmp_path):
-    cfg = make_cfg(tmp_path, submit=False, partition="gpu", account="proj", setup=["module load cuda"])
-    run_dir = rundir.create(cfg)
-    assert slurm.launch(cfg, run_dir, entry=print) == 0
-    text = (run_dir / "submit.sbatch").read_text()
-    assert not (run_dir / "slurm_job.json").exists()
+def _split(text: str) -> tuple[list[str], list[str], list[str]]:
     lines = text.splitlines()
-    sbatch = [l for l in lines if l.startswith("#SBATCH")]
-    split = sbatch.index("#SBATCH hetjob")
-    group0, group1 = sbatch[:split], sbatch[split + 1:]
-    assert sbatch.count("#SBATCH hetjob") == 1
+    sbatch = [line for line in lines if line.startswith("#SBATCH")]
+    cut = sbatch.index("#SBATCH hetjob")
+    return sbatch[:cut], sbatch[cut + 1:], lines
+
+
+def test_dry_run_writes_a_readable_het_script(tmp_path):
+    cfg = make_cfg(tmp_path, submit=False, partition="gpu", account="proj", setup=["module load cuda"],
+                   cpus_per_task=3)
+    cfg.cluster.slurm.nccl.socket_ifname = "ib0"
+    run_dir = rundir.create(cfg)
+    assert slurm.launch(cfg, run_dir, toy_job("toy_join", cfg)) == 0
+    text = (run_dir / "submit.sbatch").read_text()
+    assert not (run_dir / "slurm_job.json").exists() and not (run_dir / "code").exists()
+    group0, group1, lines = _split(text)
+    assert text.count("#SBATCH hetjob") == 1
+    request = ["--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=3", "--mem-per-cpu=342M",
+               "--gpus-per-node=2"]
     for group in (group0, group1):
-        for opt in ("--nodes=1", "--ntasks=2", "--gpus-per-task=1", "--cpus-per-task=1", "--mem-per-cpu=1024M",
-                    "--partition=gpu", "--account=proj", "--time=10"):
+        for opt in request + ["--partition=gpu", "--account=proj", "--time=30"]:
             assert f"#SBATCH {opt}" in group
-    assert f"#SBATCH --output={run_dir}/logs/batch.log" in group0
-    assert "#SBATCH --signal=USR2@90" in group0
-    srun = [l for l in lines if l.startswith("srun ")]
-    assert len(srun) == 1 and "--het-group=0-1" in srun[0] and "--kill-on-bad-exit=1" in srun[0]
-    assert "rank${SLURM_PROCID}.log" in srun[0] and str(run_dir / "submitit") in srun[0]
+    assert f"#SBATCH --output={run_dir}/logs/batch.log" in group0 and "#SBATCH --signal=USR2@60" in group0
+    # one srun, one command per het group, each with the same request as its #SBATCH block and its threads
+    i = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    step = " ".join(line.rstrip("\\") for line in lines[i:i + 2])
+    parts = step.split(" : ")
+    assert len(parts) == 2 and parts[0].startswith("srun --kill-on-bad-exit=1 --het-group=0 ")
+    assert parts[1].startswith("--het-group=1 ")
+    for part in parts:
+        assert all(opt in part.split() for opt in request)
+        assert f"env OMP_NUM_THREADS=3 MKL_NUM_THREADS=3 {rank_command(sys.executable, run_dir)}" in part
+    # the snapshot, not the live checkout; NCCL from the config; the stop signals end in a requeue
+    assert f"cd {run_dir}/code || exit 1" in lines
+    assert f"export PYTHONPATH={run_dir}/code${{PYTHONPATH:+:$PYTHONPATH}}" in lines
+    assert {"export NCCL_SOCKET_IFNAME=ib0", "export NCCL_DEBUG=WARN", "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3"} \
+        <= set(lines)
+    assert any(line.startswith("trap ") and line.endswith(" TERM") for line in lines)
+    assert lines[-1] == f"exec {sys.executable} -m searchr1.cluster.batch finish {run_dir} $?"
     # srun's %j and %t are wrong inside a het step
     assert "%j" not in text and "%t" not in text
-    assert lines.index("module load cuda") < lines.index(srun[0])
+    assert lines.index("module load cuda") < lines.index(f"cd {run_dir}/code || exit 1") < i
     assert subprocess.run(["bash", "-n", str(run_dir / "submit.sbatch")]).returncode == 0
+
+
+def test_task_binding_and_no_gpus(tmp_path):
+    cfg = make_cfg(tmp_path, gpu_binding="task")
+    group0, group1, _ = _split(batch_script(cfg, tmp_path / "run", toy_job("toy_join", cfg)))
+    assert "#SBATCH --gpus-per-task=1" in group0 and not any("gpus-per-node" in x for x in group0 + group1)
+    cfg.cluster.gpus = 0
+    assert "--gpus" not in batch_script(cfg, tmp_path / "run", toy_job("toy_join", cfg))
 
 
 def test_site_example_extends_the_slurm_option(tmp_path):
@@ -134,290 +162,158 @@ def test_site_example_extends_the_slurm_option(tmp_path):
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = launch.validate(compose("config", overrides=["+experiment=search_r1", "cluster=mysite"]))
     assert cfg.cluster.backend == "slurm" and cfg.cluster.slurm.partition == "gpu"
+    assert cfg.cluster.slurm.nccl.socket_ifname == "ib0"
     assert cfg.cluster.slurm.port_range == [20000, 32000]  # the rest comes from conf/cluster/slurm.yaml
 
 
-def test_production_experiment_is_2_plus_14_on_three_nodes(tmp_path):
+README_RUN = "/shared/runs/2026-01-01_00-00-00_search_r1"
+README_PYTHON = "/shared/envs/searchr1/bin/python"
+
+
+def production_script() -> str:
     from hydra import compose, initialize_config_dir
 
     import launch
+    from searchr1.cluster import job
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = launch.validate(compose("config", overrides=["+experiment=search_r1", f"run_root={tmp_path}"]))
-    text = slurm.render_script(cfg, tmp_path / "run", "python -m submitit.core._submit x")
-    group0, group1 = text.split("#SBATCH hetjob")
-    assert "--ntasks=2\n" in group0 and "--nodes=1\n" in group0 and "--gpus-per-task=1\n" in group0
-    assert "--ntasks=14\n" in group1 and "--nodes=2\n" in group1 and "--gpus-per-task=1\n" in group1
+        cfg = launch.validate(compose("config", overrides=["+experiment=search_r1",
+                                                           f"cluster.slurm.python={README_PYTHON}"]))
+    return batch_script(cfg, Path(README_RUN), job.training(cfg))
 
 
-def test_dry_run_without_gpus_requests_none(tmp_path):
-    cfg = make_cfg(tmp_path, submit=False)
-    cfg.cluster.gpus = 0
-    run_dir = rundir.create(cfg)
-    slurm.launch(cfg, run_dir, entry=print)
-    assert "--gpus" not in (run_dir / "submit.sbatch").read_text()
+def test_the_production_script_is_the_one_the_readme_shows():
+    """`python launch.py +experiment=search_r1 cluster.slurm.submit=false`: 2 trainer ranks on one node, 14
+    rollout ranks on two, 8 CPUs and threads per rank, every GPU of a node reachable from its ranks."""
+    text = production_script()
+    group0, group1, lines = _split(text)
+    assert "#SBATCH --ntasks=2" in group0 and "#SBATCH --nodes=1" in group0 and "#SBATCH --gpus-per-node=2" in group0
+    assert "#SBATCH --ntasks=14" in group1 and "#SBATCH --nodes=2" in group1 and "#SBATCH --ntasks-per-node=7" in group1
+    assert "#SBATCH --gpus-per-node=7" in group1 and "#SBATCH --cpus-per-task=8" in group1
+    readme = (REPO / "slurm" / "README.md").read_text()
+    shown = re.search(r"<!-- production script -->\n```bash\n(.*?)```", readme, re.S)
+    assert shown, "slurm/README.md lost its production script block"
+    assert shown[1] == text, "slurm/README.md shows another script than searchr1 renders: paste the new one"
 
 
-# ----------------------------------------------------------------------------- against the local cluster
-def _cluster_up() -> bool:
-    if shutil.which("sbatch") is None:
-        return False
-    try:
-        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "UP" in ping
-
-
-needs_slurm = pytest.mark.skipif(not _cluster_up(), reason="no Slurm cluster (slurm/cluster-up.sh)")
-
-
-def toy_entry(mode: str, cfg: Config, run_dir: Path) -> dict:
-    """A stand-in for the loop: joins the world, all-reduces, leaves one marker per rank and run.
-    mode hang: then sleeps until killed; resume: sleeps in run 0 (waiting for a requeue), returns in the next."""
-    topo = dist.topology_from_env(cfg.cluster.trainer_ranks)
-    dist.init(topo, cfg.cluster.timeout_s)
-    x = torch.tensor([float(topo.rank + 1)])
-    tdist.all_reduce(x)
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    marks = Path(run_dir) / "toy"
-    marks.mkdir(exist_ok=True)
-    earlier = sorted(p.name for p in marks.glob(f"rank{topo.rank}.run*"))
-    info = {"rank": topo.rank, "role": topo.role, "world": topo.world, "sum": x.item(), "restart": restart,
-            "earlier": earlier, "pid": os.getpid(), "master": os.environ["MASTER_ADDR"],
-            "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "host": os.environ.get("SLURMD_NODENAME")}
-    (marks / f"rank{topo.rank}.run{restart}").write_text(json.dumps(info))
-    if mode == "hang" or (mode == "resume" and restart == 0):
-        time.sleep(600)
-    dist.shutdown()
-    return info
-
-
-def _wait_for(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _markers(run_dir: Path, run: int) -> list[Path]:
-    return sorted((run_dir / "toy").glob(f"rank*.run{run}"))
-
-
-def _squeue(job_id: str) -> list[list[str]]:
-    out = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i|%T|%r", "-j", job_id],
-                         capture_output=True, text=True, check=True).stdout
-    return [line.split("|") for line in out.splitlines()]
-
-
-@pytest.fixture
-def run(tmp_path):
-    """Submit toy entries; cancels whatever a test leaves running."""
-    jobs = []
-
-    def submit(mode: str, **slurm_fields):
-        cfg = make_cfg(tmp_path, **slurm_fields)
-        run_dir = rundir.create(cfg)
-        job = slurm.submit(cfg, run_dir, functools.partial(toy_entry, mode))
-        jobs.append(job.job_id)
-        return cfg, run_dir, job
-
-    yield submit
-    for job_id in jobs:
-        subprocess.run(["scancel", job_id], capture_output=True)
-
-
-@pytest.mark.slurm
-@needs_slurm
-def test_het_job_forms_one_world(run):
-    cfg, run_dir, job = run("join")
-    assert slurm.wait(run_dir, poll_s=1) == 0
-    results = job.results()  # submitit's own machinery: one result pickle per task
-    assert [r["rank"] for r in results] == [0, 1, 2, 3]
-    assert [r["role"] for r in results] == ["trainer", "trainer", "rollout", "rollout"]
-    assert {r["world"] for r in results} == {4} and {r["sum"] for r in results} == {10.0}
-    assert {r["master"] for r in results} == {results[0]["host"]}
-    # one GPU per task; group 0 on one node, group 1 on another (het components never share a node)
-    assert [r["cuda_visible"] for r in results] == ["0", "1", "0", "1"]
-    assert results[0]["host"] == results[1]["host"] != results[2]["host"] == results[3]["host"]
-    rows = _squeue(job.job_id)
-    assert sorted(r[0] for r in rows) == [f"{job.job_id}+0", f"{job.job_id}+1"]
-    assert {r[1] for r in rows} == {"COMPLETED"}
-    info = json.loads((run_dir / "slurm_job.json").read_text())
-    assert info["job_id"] == job.job_id and info["state"] == "COMPLETED" and info["failed_ranks"] == []
-    assert json.loads((run_dir / "status.json").read_text())["state"] == "COMPLETED"
-    assert "#SBATCH hetjob" in (run_dir / "submit.sbatch").read_text()
-    for rank in range(4):
-        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
-        assert f"rank {rank}/4" in log
-    assert "rank 2/4 (rollout)" in job.task(2).stdout()
-
-
-@pytest.mark.slurm
-@needs_slurm
-def test_gang_allocation_waits_for_group0_gpus(run):
-    # 7 of 8 GPUs busy on three nodes: 4+ GPUs are free, but only one node has 2 free together,
-    # and the two groups need one node each
-    blocker = subprocess.run(["sbatch", "--parsable", "--job-name=gang-blocker", "--nodes=3", "--ntasks-per-node=1",
-                              "--gres=gpu:7", "--output=/dev/null", "--wrap=sleep 120"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        _wait_for(lambda: _squeue(blocker)[0][1] == "RUNNING", 20, "the blocker to run")
-        cfg, run_dir, job = run("join")
-        time.sleep(3)
-        assert {r[1] for r in _squeue(job.job_id)} == {"PENDING"}
-        assert not (run_dir / "toy").exists()  # no task started, not even one trainer
-    finally:
-        subprocess.run(["scancel", blocker], check=True)
-    assert slurm.wait(run_dir, poll_s=1) == 0
-    assert [json.loads(p.read_text())["role"] for p in _markers(run_dir, 0)] == ["trainer"] * 2 + ["rollout"] * 2
-
-
-@pytest.mark.slurm
-@needs_slurm
-def test_scancel_ends_every_task(run):
-    cfg, run_dir, job = run("hang")
-    _wait_for(lambda: len(_markers(run_dir, 0)) == 4, 60, "every task to start")
-    pids = [json.loads(p.read_text())["pid"] for p in _markers(run_dir, 0)]
-    job.cancel()  # scancel <leader>
-    assert slurm.wait(run_dir, poll_s=1) == 1
-    info = json.loads((run_dir / "slurm_job.json").read_text())
-    assert info["state"] == "CANCELLED" and info["failed_ranks"] == [0, 1, 2, 3]
-
-    def all_gone():
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                return False
-            except ProcessLookupError:
-                pass
-        return True
-
-    _wait_for(all_gone, 15, "every task process to end")
-
-
-@pytest.mark.slurm
-@needs_slurm
-def test_preemption_requeues_through_submitit_and_resumes(run):
-    """submitit's hook: USR2 makes task 0 checkpoint the call and `scontrol requeue` the whole het job; the
-    requeued tasks run the same entry again and find what the first run left. (`scontrol requeue` by hand, with
-    the real loop's checkpoints: test_launch_smoke_het_job_survives_a_requeue.)"""
-    cfg, run_dir, job = run("resume")
-    _wait_for(lambda: len(_markers(run_dir, 0)) == 4, 60, "run 0")
-    job._interrupt()  # as Slurm preempts: SIGTERM (submitit ignores it), then USR2
-    # a requeued job may restart once its credentials expire; a nudge gets backfill to look at it again
-    _wait_for(lambda: _nudge(job.job_id) or len(_markers(run_dir, 1)) == 4, 90, "run 1 after preemption")
-    assert slurm.wait(run_dir, poll_s=1) == 0
-    for rank, result in enumerate(job.results()):
-        assert result["restart"] == 1 and result["earlier"] == [f"rank{rank}.run0"]
-    log0 = (run_dir / "logs" / "rank0.log").read_text()
-    assert "Calling checkpoint method" in log0 and f"Requeued job {job.job_id}" in log0
-
-
-def _nudge(job_id: str) -> bool:
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "nice=0"], capture_output=True)
-    return False
-
-
-@pytest.mark.slurm
-@needs_slurm
-@pytest.mark.parametrize("fields, reason", [
-    ({"partition": "nosuch"}, "Invalid partition"),
-    ({"gpus_per_task": 9}, "Requested node configuration is not available"),
-    ({"trainer_nodes": 3, "rollout_nodes": 2}, "never share a node"),
-    # sbatch accepts this one (the local cluster's `short` partition allows 1 minute); it would pend forever
-    ({"partition": "short"}, "PartitionTimeLimit|PartitionConfig"),
+@pytest.mark.parametrize("fields, needle", [
+    (dict(gpu_binding="socket"), "cluster.slurm.gpu_binding='socket'"),
+    (dict(signal_delay_s=1800, time_min=30), "cluster.slurm.signal_delay_s=1800"),
+    (dict(port_range=[20000, 20000]), "cluster.slurm.port_range"),
 ])
-def test_unsatisfiable_requests_fail_at_submission(tmp_path, capsys, fields, reason):
-    cfg = make_cfg(tmp_path, **fields)
+def test_slurm_settings_are_checked(tmp_path, fields, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        make_cfg(tmp_path, **fields)
+
+
+def test_nccl_settings_are_checked_and_exported():
+    from searchr1.cluster.config import NcclConfig
+
+    assert NcclConfig().variables() == {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    assert NcclConfig(ib_disable=True, env={"NCCL_P2P_LEVEL": "NVL"}).variables()["NCCL_P2P_LEVEL"] == "NVL"
+    for bad, needle in ((dict(debug="LOUD"), "nccl.debug"), (dict(ib_timeout=40), "nccl.ib_timeout"),
+                        (dict(env={"CUDA_LAUNCH_BLOCKING": "1"}), "NCCL_* and TORCH_NCCL_*"),
+                        (dict(env={"NCCL_DEBUG": "INFO"}), "nccl.env.NCCL_DEBUG")):
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            NcclConfig(**bad)
+
+
+def test_each_node_of_a_group_runs_as_many_ranks():
+    with pytest.raises(ConfigError, match=r"rollout_ranks=13: must be a multiple of cluster.slurm.rollout_nodes=2"):
+        ClusterConfig(backend="slurm", rollout_ranks=13, slurm=SlurmConfig(rollout_nodes=2))
+    ClusterConfig(backend="local", rollout_ranks=13)  # the local backend has no nodes
+
+
+def test_partition_limits_are_read():
+    assert slurm._minutes("UNLIMITED") == float("inf") and slurm._minutes("1-02:03:00") == 1563
+    assert slurm._minutes("00:01:00") == 1 and slurm._minutes("30") == 30
+    assert slurm._gpus("gpu:8") == 8 and slurm._gpus("gpu:h100:4(S:0-1),gpu:a100:2") == 6
+    assert slurm._gpus("(null)") == 0
+
+
+def test_the_snapshot_copies_what_git_knows_and_records_the_commit(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "run" / "code"
+    src.mkdir()
+    (tmp_path / "run").mkdir()
+    git(src, "init", "-q")
+    (src / ".gitignore").write_text("*.log\n")
+    (src / "a.py").write_text("A = 1\n")
+    git(src, "add", "-A")
+    git(src, "commit", "-qm", "a")
+    (src / "a.py").write_text("A = 2\n")  # modified, not committed
+    (src / "new.py").write_text("B = 1\n")  # untracked
+    (src / "noise.log").write_text("x\n")  # ignored
+    info = snapshot.take(src, dest, tmp_path / "run")
+    assert (dest / "a.py").read_text() == "A = 2\n" and (dest / "new.py").exists() and not (dest / "noise.log").exists()
+    record = json.loads((tmp_path / "run" / "code.json").read_text())
+    assert record["commit"] == git(src, "rev-parse", "HEAD").strip() == info["commit"]
+    assert record["dirty"] and record["untracked"] == ["new.py"] and "torch" in record["packages"]
+    assert "+A = 2" in (tmp_path / "run" / "code.diff").read_text()
+    assert snapshot.changed_packages(tmp_path / "run") == []
+    with pytest.raises(snapshot.SnapshotError, match="not a git repository"):
+        snapshot.take(tmp_path / "run", tmp_path / "x", tmp_path)
+
+
+def test_a_refused_run_folder_is_removed_unless_it_holds_work(tmp_path):
+    cfg = make_cfg(tmp_path)
+    fresh, worked = rundir.create(cfg), rundir.create(cfg)
+    (worked / "metrics.jsonl").write_text("")
+    assert slurm._discard(fresh, "no") == "run folder removed" and not fresh.exists()
+    assert "status.json" in slurm._discard(worked, "sbatch said no")
+    status = json.loads((worked / "status.json").read_text())
+    assert (status["state"], status["reason"]) == ("REJECTED", "sbatch said no") and (worked / "metrics.jsonl").exists()
+
+
+def _ended_run(tmp_path: Path, ends: list[dict]) -> Path:
+    cfg = make_cfg(tmp_path)
     run_dir = rundir.create(cfg)
-    with pytest.raises(slurm.SubmissionError, match=reason):
-        slurm.submit(cfg, run_dir, entry=print)
-    assert slurm.launch(cfg, run_dir, entry=print) == 2  # launch.py's path: Slurm's reason on stderr
-    assert re.search(reason, capsys.readouterr().err)
-    info = json.loads((run_dir / "slurm_job.json").read_text())
-    assert info["state"] == "REJECTED" and re.search(reason, info["reason"])
-    if "job_id" in info:  # accepted, then cancelled: nothing is left waiting
-        assert {r[1] for r in _squeue(info["job_id"])} == {"CANCELLED"}
+    slurm.record(run_dir, job={"entry": "x:y", "prepare": "", "groups": [
+        {"role": "trainer", "tasks": 2, "nodes": 1}, {"role": "rollout", "tasks": 2, "nodes": 1}]})
+    folder = run_dir / "logs" / "exits" / "9.0"
+    folder.mkdir(parents=True)
+    for e in ends:
+        e = {"role": "trainer" if e["rank"] < 2 else "rollout", "node": f"node{e['rank'] // 2}",
+             "stop_signals": [], "signal": None, "exit_code": None, **e}
+        (folder / f"rank{e['rank']}.json").write_text(json.dumps(e))
+        log = run_dir / "logs" / f"rank{e['rank']}.log"
+        log.write_text(f"rank {e['rank']} says\nRuntimeError: boom {e['rank']}\n")
+    return run_dir
 
 
-# ------------------------------------------------------------------------- launch.py with the real loop
-def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, experiment: str = "smoke"):
-    cmd = [sys.executable, str(REPO / "launch.py"), *(["-m"] if multirun else []), f"+experiment={experiment}",
-           "cluster=slurm", "cluster.gpus=4", "cluster.rollout_ranks=2", "cluster.slurm.rollout_nodes=1",
-           "cluster.slurm.cpus_per_task=1", "cluster.slurm.mem_per_task_gb=1", "cluster.slurm.time_min=10",
-           "cluster.slurm.poll_s=1", "cluster.timeout_s=120", f"run_root={tmp_path}", *overrides]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    # from tmp_path: Hydra's multirun.yaml lands in the working directory (conf/config.yaml: sweep.dir=.)
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+STOPPED_THEN_LOST = [{"rank": 1, "exit_code": 75, "at": 1.0, "stop_signals": ["SIGTERM"]},
+                     {"rank": 3, "exit_code": 1, "at": 2.0}]
 
 
-def _train_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r["step"] for r in map(json.loads, lines) if r.get("kind") == "train"]
-
-
-N_STEPS = 30
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-@needs_slurm
-def test_launch_smoke_het_job_survives_a_requeue(tmp_path):
-    """launch.py submits the smoke experiment as one het job; a requeue mid-run resumes from the last
-    checkpoint and the step counter continues; the job completes with every rank in its role."""
-    # steps run ~1 s each here, and tasks keep going for a few seconds after the requeue (submitit ignores
-    # SIGTERM): N_STEPS leaves the requeue something to interrupt
-    proc = _launch(tmp_path, "run_name=smoke", "cluster.slurm.wait=true", f"steps={N_STEPS}", "checkpoint_every=1")
-    run_dir, job_id = tmp_path / "smoke", None
-    try:
-        _wait_for(lambda: (run_dir / "slurm_job.json").exists(), 60, "the submission")
-        job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
-        _wait_for(lambda: _squeue(job_id)[0][1] != "PENDING", 30, "the job to start")
-        assert sorted(r[0] for r in _squeue(job_id)) == [f"{job_id}+0", f"{job_id}+1"]
-        _wait_for(lambda: 2 <= len(_train_steps(run_dir)) or proc.poll() is not None, 180, "two steps")
-        subprocess.run(["scontrol", "requeue", job_id], check=True)
-        _wait_for(lambda: _nudge(job_id) or proc.poll() is not None, 200, "the requeued job to end")
-        out = proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            if job_id:
-                subprocess.run(["scancel", job_id])
-    assert proc.returncode == 0, out
-    info = json.loads((run_dir / "slurm_job.json").read_text())
-    assert info["state"] == "COMPLETED" and info["component_states"] == "COMPLETED,COMPLETED"
-    assert info["failed_ranks"] == []
-    log0 = (run_dir / "logs" / "rank0.log").read_text()
-    resumed = re.search(r"resumed from .*step_0*(\d+) at step (\d+)", log0)
-    assert resumed, log0[-3000:]
-    k = int(resumed[2])
-    # the counter continued from the last checkpoint (at least the two steps seen before the requeue) ...
-    assert k >= 2
-    # ... and the resumed run logged every remaining step once
-    steps = _train_steps(run_dir)
-    assert k < N_STEPS, "the requeue came after the last step: nothing was interrupted"
-    assert sorted(set(steps)) == list(range(1, N_STEPS + 1))
-    assert steps[len(steps) - (N_STEPS - k):] == list(range(k + 1, N_STEPS + 1))
-    assert (run_dir / "submit.sbatch").read_text().count("#SBATCH hetjob") == 1
-    for rank, role in enumerate(["trainer", "trainer", "rollout", "rollout"]):
-        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
-        assert f"restart 0: rank {rank}/4 ({role})" in log and f"restart 1: rank {rank}/4 ({role})" in log
-
-
-@pytest.mark.slurm
-@needs_slurm
-def test_multirun_submits_one_job_per_sweep_point(tmp_path):
-    proc = _launch(tmp_path, "algo.lr=1e-6,2e-6", "cluster.slurm.check_s=0", multirun=True,
-                   experiment="search_r1_cpu")
-    out = proc.communicate(timeout=120)[0]
-    jobs = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/slurm_job.json")}
-    for info in jobs.values():
-        subprocess.run(["scancel", info["job_id"]], capture_output=True)
-    assert proc.returncode == 0, out
-    assert len(jobs) == 2 and len({info["job_id"] for info in jobs.values()}) == 2, out
-    lrs = sorted(rundir.load_config(tmp_path / name).algo.lr for name in jobs)
-    assert lrs == [1e-6, 2e-6]
+@pytest.mark.parametrize("ends, cause, job_state", [
+    # the rank killed by a signal is the cause, though a peer noticed its loss first
+    ([{"rank": 1, "exit_code": 1, "at": 1.0}, {"rank": 3, "signal": "SIGKILL", "at": 2.0}], 3, "RUNNING"),
+    # otherwise the first to end
+    ([{"rank": 2, "exit_code": 1, "at": 5.0}, {"rank": 0, "exit_code": 3, "at": 4.0}], 0, "RUNNING"),
+    # a peer that exits with an error after a rank stopped has only seen it leave: a requeue, not a failure
+    (STOPPED_THEN_LOST, "requeue", "RUNNING"),
+    # but not when Slurm is ending the job (scancel): a requeue would undo the cancel
+    (STOPPED_THEN_LOST, "no requeue", "COMPLETING"),
+])
+def test_finish_names_the_failed_rank(tmp_path, monkeypatch, capsys, ends, cause, job_state):
+    run_dir = _ended_run(tmp_path, ends)
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    requeued = []
+    monkeypatch.setattr(batch, "_job_state", lambda job_id: job_state)
+    monkeypatch.setattr(batch.subprocess, "run", lambda cmd, **kw: requeued.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0, "", ""))
+    code = batch.finish(run_dir, 137)
+    status = json.loads((run_dir / "status.json").read_text())
+    if cause == "requeue":
+        assert status["state"] == "REQUEUED" and requeued == [["scontrol", "requeue", "9"]] and code == 75
+        assert status["requeues"][0]["signal"] == "SIGTERM"
+        return
+    if cause == "no requeue":
+        assert status["state"] == "STOPPED" and not requeued and "JobState=COMPLETING" in status["reason"]
+        return
+    e = next(e for e in ends if e["rank"] == cause)
+    assert status["state"] == "FAILED" and status["failed_rank"] == cause and not requeued
+    assert status["failed_role"] == ("trainer" if cause < 2 else "rollout") and status["node"] == f"node{cause // 2}"
+    assert (status["signal"], status["exit_code"]) == (e.get("signal"), e.get("exit_code"))
+    assert status["reason"] == f"RuntimeError: boom {cause}"
+    assert f"rank {cause} ({status['failed_role']}) on node{cause // 2}" in capsys.readouterr().err

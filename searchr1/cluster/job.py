@@ -49,8 +49,8 @@ class Job:
     def role(self, task: int) -> str:
         return self.group(task).role
 
-    def call(self, cfg: Config, run_dir: Path) -> None:
-        _resolve(self.entry)(cfg, Path(run_dir))
+    def call(self, cfg: Config, run_dir: Path):
+        return _resolve(self.entry)(cfg, Path(run_dir))
 
     def run_prepare(self, cfg: Config, run_dir: Path) -> None:
         if self.prepare:

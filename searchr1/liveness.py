@@ -64,6 +64,15 @@ class StopFlag:
 
 
 STOP = StopFlag()
+STOP_KEY = "stop"  # on the store: a member saw a stop request, so every member stops
+
+
+def spread_stop(store, reason: str) -> None:
+    """Make a stop seen by one member a stop of the whole job (a signal may reach some tasks only)."""
+    try:
+        store.set(STOP_KEY, reason)
+    except Exception:  # noqa: BLE001 - the store's host is gone: the job is ending anyway
+        pass
 
 
 class Heartbeat:
@@ -122,6 +131,8 @@ class Liveness:
         (and `stoppable`)."""
         if stoppable and self.stop:
             raise StopRequested(self.stop.reason)
+        if stoppable and self.store.check([STOP_KEY]):  # a stop that reached another member reaches us too
+            raise StopRequested(self.store.get(STOP_KEY).decode(errors="replace"))
         members = list(members)
         failed = [m for m in members if self.store.check([f"failed/{m}"])]
         if failed:

@@ -72,9 +72,12 @@ def run_rank(cfg: Config, run_dir: Path) -> None:
         role = _trainer if topo.role == "trainer" else _rollout
         role(cfg, run_dir, topo, groups, channel, splits).run()
         heartbeat.stop()
-    except SystemExit as stop:  # submitit's requeue on preemption exits this way: not a failure of ours
+    except SystemExit as stop:  # a stop on request (Stopped, exit 75), or submitit's requeue: not a failure
         log.info("exiting (%s)", stop.code)
-        raise
+        # exit now: interpreter teardown with a live process group, store and heartbeat can abort (SIGABRT)
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(stop.code if isinstance(stop.code, int) else 1)
     except BaseException as err:
         # Exit now: ranks waiting for us see the failure on the store; the backend ends the job.
         log.exception("rank %d (%s) failed", topo.rank, topo.role)

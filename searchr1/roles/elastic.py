@@ -131,7 +131,7 @@ class Dispatcher:
                     self.stats["elastic/rejoin_s"] = time.monotonic() - self.last_death
         self._publish_open()
 
-    def wait(self, tids: list[str], block: bool = True) -> dict[str, object] | None:
+    def wait(self, tids: list[str], block: bool = True, stoppable: bool = True) -> dict[str, object] | None:
         """The results of `tids` (a lost task's is absent) once all are settled; None if not yet and not
         `block`. Waits while workers are alive or may come back; fails only when the trainers are stopped."""
         warned = 0.0
@@ -141,7 +141,7 @@ class Dispatcher:
                 return {t: self.done[t][1] for t in tids if t in self.done}
             if not block:
                 return None
-            self.liveness.check([])  # a stop request ends the wait
+            self.liveness.check([], stoppable)  # a stop request ends the wait (where trainer 0 decides)
             live = [w for w in self.workers() if self.alive(w)]
             self.stats["elastic/workers"] = float(len(live))
             if len(live) < self.min_workers and time.monotonic() - warned > 30:
@@ -279,7 +279,7 @@ class ElasticRollouts:
                 raise RuntimeError(f"evaluation of version {version} was never opened")
             return None
         tids = self.tids[("eval", version)]
-        got = self.dispatcher.wait(tids, block)
+        got = self.dispatcher.wait(tids, block, stoppable=False)
         if got is None:
             return None
         self.dispatcher.forget(self.tids.pop(("eval", version)))

@@ -13,7 +13,7 @@ from pathlib import Path
 from searchr1 import faults
 from searchr1.config import Config
 from searchr1.dist import Topology
-from searchr1.liveness import RunEnded, StopRequested, Stopped
+from searchr1.liveness import RunEnded, StopRequested, Stopped, spread_stop
 from searchr1.metrics import PhaseTimer
 from searchr1.protocol import BATCH, BYE, DONE, EVAL, START, TIMES, Channel, chunk
 from searchr1.rundir import progress
@@ -34,7 +34,9 @@ class RolloutRole:
             self._run()
         except (StopRequested, RunEnded) as why:
             # the trainers stop (preemption, time limit): wait until trainer 0 has saved what a restart needs
+            spread_stop(self.channel.store, str(why))
             done = self.channel.get(DONE, [self.trainer0], stoppable=False)
+            self.channel.put(BYE, True, rank=self.topo.rank)
             raise Stopped(f"{why}; the trainers stopped after step {done['step']}")
 
     def _run(self) -> None:

@@ -17,7 +17,7 @@ from searchr1 import checkpoint, faults, metrics
 from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.evaluation import write_predictions
-from searchr1.liveness import StopRequested, Stopped
+from searchr1.liveness import StopRequested, Stopped, spread_stop
 from searchr1.protocol import BATCH, BYE, DONE, EVAL, GO, START, TIMES, Channel
 from searchr1.rundir import progress
 from searchr1.schedule import Schedule, make_schedule
@@ -58,10 +58,11 @@ class FixedRollouts:
         n = len(self.members)
         if not block and not all(self.channel.ready(EVAL, version=version, unit=u) for u in range(n)):
             return None
-        return [self.channel.get(EVAL, [m], delete=True, version=version, unit=u) for u, m in enumerate(self.members)]
+        return [self.channel.get(EVAL, [m], delete=True, stoppable=False, version=version, unit=u)
+                for u, m in enumerate(self.members)]
 
     def times(self, step: int) -> list[dict]:
-        return [self.channel.get(TIMES, [self.topo.member(r)], delete=True, step=step, rank=r)
+        return [self.channel.get(TIMES, [self.topo.member(r)], delete=True, stoppable=False, step=step, rank=r)
                 for r in self.topo.rollouts]
 
     def stats(self) -> dict[str, float]:
@@ -69,10 +70,13 @@ class FixedRollouts:
 
     def leave(self) -> None:
         for r in self.topo.rollouts:  # the store lives in trainer 0: it stays until every rank has left
-            self.channel.wait(BYE, [self.topo.member(r)], rank=r)
+            self.channel.wait(BYE, [self.topo.member(r)], stoppable=False, rank=r)
 
 
 class TrainerRole:
+    """Only `_collect` (trainer 0's wait for a step's data) reacts to a stop request: that is where trainer 0
+    decides for every replica; every other wait finishes what was begun."""
+
     def __init__(self, cfg: Config, run_dir: Path, topo: Topology, channel: Channel, make_learner, weights_out,
                  splits, rollouts=None, writer_factory=metrics.MetricsWriter):
         """`make_learner(algo, optim)` builds the learner for a stage; `weights_out`: trainer rank 0's publisher
@@ -131,7 +135,8 @@ class TrainerRole:
                 continue
             self.rollouts.release(step)
             self._drain_evals(block=False)
-            times = [t.close()] + [self.channel.get(TIMES, [self.topo.member(r)], delete=True, step=step, rank=r)
+            times = [t.close()] + [self.channel.get(TIMES, [self.topo.member(r)], delete=True, stoppable=False,
+                                                    step=step, rank=r)
                                    for r in range(1, self.topo.n_trainer)] + self.rollouts.times(step)
             rec = metrics.step_record(step, trajs, [u["metrics"] for u in units], train_m, pub_m, times,
                                       self.topo.n_trainer)
@@ -145,10 +150,10 @@ class TrainerRole:
             self._finish()
             self.channel.put(DONE, {"state": "done", "step": schedule.steps})
             for r in range(1, self.topo.n_trainer):  # the store lives in this process: stay until all have left
-                self.channel.wait(BYE, [self.topo.member(r)], rank=r)
+                self.channel.wait(BYE, [self.topo.member(r)], stoppable=False, rank=r)
             self.rollouts.leave()
         else:
-            self.channel.wait(DONE, [self.topo.member(0)])
+            self.channel.wait(DONE, [self.topo.member(0)], stoppable=False)
             self.channel.put(BYE, True, rank=self.topo.rank)
 
     def _collect(self, step: int, schedule: Schedule) -> list[dict] | None:
@@ -159,10 +164,10 @@ class TrainerRole:
             go = self.channel.get(GO, [self.topo.member(0)], stoppable=False, step=step)
             return None if go["verdict"] == "stop" else self.rollouts.follower_units(step, go)
         try:
-            if self.channel.liveness.stop:
-                raise StopRequested(self.channel.liveness.stop.reason)
+            self.channel.liveness.check([])  # a stop asked here, or seen by any member, is a stop now
             units = self.rollouts.units(step, schedule)
-        except StopRequested:
+        except StopRequested as why:
+            spread_stop(self.channel.store, str(why))
             self.channel.put(GO, {"verdict": "stop"}, step=step)
             return None
         self.channel.put(GO, {"verdict": "train", **self.rollouts.go(step)}, step=step)
@@ -171,7 +176,7 @@ class TrainerRole:
     def _stop(self, done: int) -> None:
         """A stop was requested (preemption, time limit): save the completed steps, tell the rollouts, exit.
         The step in progress, if any, was finished first: a stop loses no completed step."""
-        reason = self.channel.liveness.stop.reason or "a stop request"
+        reason = self.channel.liveness.stop.reason or "a stop request seen by another member"
         latest = checkpoint.latest(self.run_dir)
         if done > 0 and (latest is None or latest.name != f"step_{done:06d}"):
             checkpoint.save(self.run_dir, done, self.learner, {"step": done, "version": done}, self.cfg.keep_checkpoints)
@@ -180,6 +185,12 @@ class TrainerRole:
             self.writer.close()
             self.channel.put(DONE, {"state": "stopped", "step": done})
             progress(self.run_dir, f"stopped ({reason}) after step {done}; checkpoint saved")
+            for r in range(1, self.topo.n_trainer):  # everyone leaves the store (hosted here) before it goes
+                self.channel.wait(BYE, [self.topo.member(r)], stoppable=False, rank=r)
+            self.rollouts.leave()
+        else:
+            self.channel.wait(DONE, [self.topo.member(0)], stoppable=False)
+            self.channel.put(BYE, True, rank=self.topo.rank)
         raise Stopped(reason)
 
     def _check_lag(self, step: int, trajs, schedule: Schedule) -> None:

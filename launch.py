@@ -44,6 +44,10 @@ def main(dcfg: DictConfig) -> None:
 
         entry_eval(cfg, run_dir)
         return
+    if cfg.sync.method == "delta":
+        from searchr1.weightsync.kernel import prepare
+
+        prepare()  # the codec's C++ kernel, built here once (logged), never inside the first weight publication
     from searchr1.loop import run_rank
 
     if cfg.cluster.backend == "slurm":

@@ -26,14 +26,20 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from searchr1.weightsync.kernel import load as kernel
-
 DELTA, FULL = 1, 2
 REC = 6  # int64 fields per record
 HEAD = 5  # [n_records, payload_bytes, last, n_tensors, digest_rows]
 # Records per frame: bounds a receiver's header buffer; a 3B model's ~430 tensors fit one frame.
 MAX_RECORDS = 1024
 INDEX_LIMIT = 2**31 - 1
+
+
+def kernel():
+    """The C++ kernel, or None (imported on first use, so that `python -m searchr1.weightsync.kernel` runs
+    the module once)."""
+    from searchr1.weightsync import kernel as k
+
+    return k.load()
 
 
 def _use_kernel(t: torch.Tensor, impl: str) -> bool:

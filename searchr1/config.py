@@ -191,10 +191,15 @@ class SyncConfig:
     method: str = "delta"  # delta | full
     bucket_mb: int = 64  # bounds the memory of one broadcast
     verify: bool = True  # every rollout rank checks a digest of each updated tensor
+    # sync=delta's record format (searchr1/weightsync/codec.py): gap8 (byte gaps, raw values, ~3.3 B per changed
+    # element); rice (Rice/Exp-Golomb gaps, values coded against the old value: ~1.3-2.1 B); rice_classes (also
+    # positions per class of old value: ~0.9-1.3 B, but each receiver reads every element of a window it applies)
+    codec: str = "gap8"
 
     def __post_init__(self):
         _one_of("sync.method", self.method, {"delta", "full"})
         _check(self.bucket_mb > 0, "sync.bucket_mb", self.bucket_mb, "must be > 0")
+        _one_of("sync.codec", self.codec, {"gap8", "rice", "rice_classes"})
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Wire format of one publication: a stream of frames. Each frame is one bucket of bytes plus an int64 header of
 records; each record covers one window (a run of at most `window` elements) of one tensor:
 
-    [tensor_id, kind, start, n, count, n_esc]      kind: DELTA or FULL
+    [tensor_id, kind, start, n, count, n_esc]      kind: DELTA, FULL or RICE (n_esc: its payload bytes)
 
 A DELTA record's payload is `n_esc` int32 escapes, `count` bf16 values, `count` uint8 gaps (padded to 4 bytes).
 Changes are found by comparing bits (int16 views), so -0.0 vs 0.0, NaN payloads and subnormals are all exact.
@@ -11,6 +11,9 @@ Positions are coded as gaps from the previous change (the first from start-1): a
 larger one is a 0 byte plus an int32 escape, so indices cost ~1 byte instead of 4 at realistic sparsity. A window
 never exceeds 2^31-1 elements, so escapes always fit int32 (parameters over 2^31 elements are chunked).
 A FULL record's payload is the window's raw bf16 bits: chosen whenever the delta would be larger.
+A RICE record (sync.codec=rice; rice.py describes it) codes positions per class of the old value and values as
+Rice-coded bit-pattern differences: ~1-2 bytes per change instead of ~3. Its windows are smaller (`window_size`)
+so that its encode scratch stays within one bucket. Receivers decode whatever kinds arrive.
 
 The digest of a tensor is (sum u_i, sum u_i * i) over its uint16 bit patterns u_i, mod 2^64: it is additive over
 windows (so the encoder computes it in the same pass as the compare), catches any single or pairwise corruption
@@ -24,14 +27,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
+import logging
+
 import torch
 
-DELTA, FULL = 1, 2
+from searchr1.weightsync import rice
+
+log = logging.getLogger(__name__)
+
+DELTA, FULL, RICE = 1, 2, 3
+# sync.codec: gap8 sends DELTA records; rice and rice_classes send RICE records (rice_classes also codes
+# positions per class of old values: fewer bytes, but a receiver reads every element of a window it applies)
+FORMATS = ("gap8", "rice", "rice_classes")
 REC = 6  # int64 fields per record
 HEAD = 5  # [n_records, payload_bytes, last, n_tensors, digest_rows]
 # Records per frame: bounds a receiver's header buffer; a 3B model's ~430 tensors fit one frame.
 MAX_RECORDS = 1024
 INDEX_LIMIT = 2**31 - 1
+RICE_SCRATCH = 4  # rice encode scratch bytes per window element: the record (< 2) and its streams (< 2)
 
 
 def kernel():
@@ -92,12 +105,18 @@ def add_digest(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     return tuple(((x + y + 2**63) % 2**64) - 2**63 for x, y in zip(a, b))
 
 
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"codec format {fmt!r}: must be one of {list(FORMATS)}")
+
+
 @dataclass
 class Scratch:
-    """Reusable encode buffers for windows of up to `window` elements on one device."""
+    """Reusable encode buffers for windows of up to `window` elements on one device, for format `fmt`."""
 
     window: int
     device: torch.device
+    fmt: str = "gap8"
     gaps_w: torch.Tensor = field(init=False)
     esc_w: torch.Tensor = field(init=False)
     vals_w: torch.Tensor = field(init=False)
@@ -105,9 +124,14 @@ class Scratch:
     def __post_init__(self):
         if not 0 < self.window <= INDEX_LIMIT:
             raise ValueError(f"window={self.window}: must be in [1, {INDEX_LIMIT}]")
-        self.gaps_w = torch.empty(self.window, dtype=torch.uint8, device=self.device)
-        self.esc_w = torch.empty(self.window // 256 + 1, dtype=torch.int32, device=self.device)
-        self.vals_w = torch.empty(self.window, dtype=torch.int16, device=self.device)
+        _check_format(self.fmt)
+        dev, w = self.device, self.window
+        if self.fmt == "gap8":
+            self.gaps_w = torch.empty(w, dtype=torch.uint8, device=dev)
+            self.esc_w = torch.empty(w // 256 + 1, dtype=torch.int32, device=dev)
+            self.vals_w = torch.empty(w, dtype=torch.int16, device=dev)
+        elif torch.device(dev).type == "cpu":  # the C++ path's record; the torch path allocates its own
+            self.words_w = torch.empty(w // 2 + 1, dtype=torch.int32)
 
 
 @dataclass
@@ -126,6 +150,17 @@ class WindowDelta:
 
 def _pad4(n: int) -> int:
     return (n + 3) & ~3
+
+
+@dataclass
+class RiceWindow:
+    count: int
+    words: Optional[torch.Tensor]  # int32 payload; None when not smaller than the window sent whole
+    digest: tuple[int, int]  # of the new window
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.words.numel() if self.words is not None else 1 << 62
 
 
 def encode_window(new_n: torch.Tensor, pub_n: torch.Tensor, scratch: Scratch, offset: int = 0,
@@ -177,6 +212,34 @@ def apply_window(dst_n: torch.Tensor, gaps: torch.Tensor, esc: torch.Tensor, val
     dst_n.index_put_((idx_c,), vals)
 
 
+def encode_window_rice(new_n: torch.Tensor, pub_n: torch.Tensor, scratch: Optional[Scratch], offset: int = 0,
+                       impl: str = "auto", classes: bool = False) -> RiceWindow:
+    """The RICE record of `new_n` against `pub_n` (int16 views of one window); `pub_n` becomes `new_n`.
+    `classes`: may code positions per class of old values (rice_classes)."""
+    n = new_n.numel()
+    if pub_n.numel() != n:
+        raise ValueError(f"window of {n} elements: published has {pub_n.numel()}")
+    max_words = max(0, full_window_nbytes(n) // 4 - 1)  # strictly smaller than sending the window whole
+    if _use_kernel(new_n, impl):
+        if scratch is None or scratch.fmt == "gap8" or n > scratch.window:
+            raise ValueError(f"rice encoding of {n} elements needs a rice scratch of at least that window")
+        count, used, s0, s1, _ = kernel().rice_encode(new_n, pub_n, scratch.words_w[:max_words], offset, classes)
+        return RiceWindow(count, scratch.words_w[:used] if count and used > 0 else None, (s0, s1))
+    dig = digest(new_n, offset, impl="torch")
+    count, words = rice.encode(new_n, pub_n, max_words, classes)
+    return RiceWindow(count, words, dig)
+
+
+def apply_rice(dst_n: torch.Tensor, words: torch.Tensor, count: int, impl: str = "auto") -> bool:
+    """Decode a RICE record into the int16 window `dst_n` in place. False: it did not decode consistently with
+    dst's values (this receiver does not hold the published copy); the digest check then repairs the tensor."""
+    if _use_kernel(dst_n, impl):
+        ok = kernel().rice_apply(dst_n, words, count) == 0
+        dst_n[:0].zero_()  # bump the version counter, as apply_window does
+        return ok
+    return rice.apply(dst_n, words, count)
+
+
 def windows(numel: int, window: int) -> Iterator[tuple[int, int]]:
     """(start, n) of each window of a tensor with `numel` elements (one empty window for an empty tensor)."""
     if numel == 0:
@@ -208,12 +271,20 @@ class FrameWriter:
         self.bucket[o:o + 2 * wd.count].view(torch.int16).copy_(wd.vals)
         o += 2 * wd.count
         self.bucket[o:o + wd.count].copy_(wd.gaps)
+        self.bucket[o + wd.count:self.used + wd.nbytes].zero_()  # padding: the same bytes on every send
         self.records.append([tid, DELTA, start, n, wd.count, wd.n_esc])
         self.used += wd.nbytes
+
+    def add_rice(self, tid: int, start: int, n: int, rw: RiceWindow) -> None:
+        size = rw.nbytes
+        self.bucket[self.used:self.used + size].view(torch.int32).copy_(rw.words)
+        self.records.append([tid, RICE, start, n, rw.count, size])
+        self.used += size
 
     def add_full(self, tid: int, start: int, src_n: torch.Tensor) -> None:
         n = src_n.numel()
         self.bucket[self.used:self.used + 2 * n].view(torch.int16).copy_(src_n)
+        self.bucket[self.used + 2 * n:self.used + _pad4(2 * n)].zero_()
         self.records.append([tid, FULL, start, n, n, 0])
         self.used += _pad4(2 * n)
 
@@ -257,6 +328,7 @@ def apply_frame(records: Sequence[Sequence[int]], payload: torch.Tensor, targets
     """Write a frame's records into `targets` (flat int16 views, indexed by tensor id). Returns the changed
     element count per tensor id that the frame touched."""
     touched: dict[int, int] = {}
+    inconsistent: list[str] = []
     o = 0
     for tid, kind, start, n, count, n_esc in records:
         label = names[tid] if names is not None and 0 <= tid < len(names) else f"tensor id {tid}"
@@ -279,17 +351,28 @@ def apply_frame(records: Sequence[Sequence[int]], payload: torch.Tensor, targets
             vals = payload[o + 4 * n_esc:o + 4 * n_esc + 2 * count].view(torch.int16)
             gaps = payload[o + 4 * n_esc + 2 * count:o + 4 * n_esc + 3 * count]
             apply_window(win, gaps, esc, vals, impl)
+        elif kind == RICE:
+            size = n_esc
+            if size < 4 * rice.HEAD or size % 4 or count < 0 or count > n or o + size > payload.numel():
+                raise ValueError(f"record for {label}: count={count}, bytes={size} do not fit the window or payload")
+            if not apply_rice(win, payload[o:o + size].view(torch.int32), count, impl):
+                inconsistent.append(label)
         else:
             raise ValueError(f"record for {label} has unknown kind {kind}")
         touched[tid] = touched.get(tid, 0) + count
         o += size
+    if inconsistent:
+        log.warning("rice records for %s did not decode consistently with this receiver's weights (it does not "
+                    "hold the published copy); the digest check flags them", sorted(set(inconsistent))[:5])
     return touched
 
 
-def window_size(bucket_bytes: int) -> int:
+def window_size(bucket_bytes: int, fmt: str = "gap8") -> int:
     """Largest window whose record always fits an empty bucket: a delta is only sent when not larger than the
-    full window (2 bytes per element)."""
-    return max(1, min(INDEX_LIMIT, (bucket_bytes - 4) // 2))
+    full window (2 bytes per element). rice: also small enough that its encode scratch fits one bucket."""
+    _check_format(fmt)
+    w = max(1, min(INDEX_LIMIT, (bucket_bytes - 4) // 2))
+    return w if fmt == "gap8" else max(1, min(w, bucket_bytes // RICE_SCRATCH))
 
 
 @dataclass
@@ -310,17 +393,24 @@ class StreamStats:
 
 def encode_stream(new: Sequence[torch.Tensor], pub: Optional[Sequence[torch.Tensor]], ids: Sequence[int],
                   full_ids: set[int], writer: FrameWriter, window: int, scratch: Optional[Scratch],
-                  stats: StreamStats, impl: str = "auto") -> Iterator[bool]:
+                  stats: StreamStats, impl: str = "auto", fmt: str = "gap8") -> Iterator[bool]:
     """Encode the tensors `ids` of `new` (flat int16 views) into `writer`, yielding whenever its bucket must go
     out: False while more follows, True for the last frame; the caller sends the frame and resets the writer.
-    Ids in `full_ids` go whole; the others as deltas against `pub`, or whole per window where the delta would be
-    larger. `pub` (None: the caller keeps no published copy, so everything goes whole) ends equal to `new`;
-    `stats` is filled in for `ids`."""
+    Ids in `full_ids` go whole; the others as deltas (DELTA records for fmt=gap8, RICE for fmt=rice) against
+    `pub`, or whole per window where the delta would be larger. `pub` (None: the caller keeps no published copy,
+    so everything goes whole) ends equal to `new`; `stats` is filled in for `ids` (kind DELTA: sent as changes,
+    in either format)."""
+    _check_format(fmt)
+    if fmt == "gap8":
+        encode = encode_window
+    else:
+        def encode(new_w, pub_w, scratch, start, impl):
+            return encode_window_rice(new_w, pub_w, scratch, start, impl, classes=fmt == "rice_classes")
     for tid in ids:
         new_n = new[tid]
         whole = tid in full_ids or pub is None
-        if not whole and (scratch is None or scratch.window < window):
-            raise ValueError(f"delta encoding needs a scratch of at least {window} elements")
+        if not whole and (scratch is None or scratch.window < window or scratch.fmt != fmt):
+            raise ValueError(f"{fmt} delta encoding needs a {fmt} scratch of at least {window} elements")
         pub_n = None if pub is None else pub[tid]
         if whole:
             stats.kind[tid] = FULL
@@ -331,7 +421,7 @@ def encode_stream(new: Sequence[torch.Tensor], pub: Optional[Sequence[torch.Tens
                     pub_n[start:start + n].copy_(new_w)
                 wd, dig, changed, size = None, digest(new_w, start, impl), n, full_window_nbytes(n)
             else:
-                wd = encode_window(new_w, pub_n[start:start + n], scratch, start, impl)
+                wd = encode(new_w, pub_n[start:start + n], scratch, start, impl)
                 dig, changed, size = wd.digest, wd.count, wd.nbytes
                 stats.digest[tid] = add_digest(stats.digest[tid], dig)
                 if changed == 0:
@@ -346,7 +436,9 @@ def encode_stream(new: Sequence[torch.Tensor], pub: Optional[Sequence[torch.Tens
                 writer.reset()
             if wd is None:
                 writer.add_full(tid, start, new_w)
-            else:
+            elif fmt == "gap8":
                 writer.add_delta(tid, start, n, wd)
+            else:
+                writer.add_rice(tid, start, n, wd)
             stats.count[tid] += changed
     yield True

@@ -132,11 +132,11 @@ class Publisher(_Endpoint):
         self._send(blob.to(self.device), m)
 
     def _send_stream(self, new, full_ids, ids, stats, m: dict, with_digests: bool = False) -> None:
-        window = codec.window_size(self.capacity)
+        window = codec.window_size(self.capacity, self.cfg.codec)
         if len(full_ids) < len(ids) and self.scratch is None:
-            self.scratch = codec.Scratch(window, self.device)
+            self.scratch = codec.Scratch(window, self.device, self.cfg.codec)
         stream = codec.encode_stream(new, self.published, ids, full_ids, self.writer, window, self.scratch, stats,
-                                     self.impl)
+                                     self.impl, self.cfg.codec)
         while True:
             t0 = time.perf_counter()
             last = next(stream)

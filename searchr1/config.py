@@ -96,7 +96,9 @@ class RetrieverConfig:
     max_query_words: int = 64
     passage_max_tokens: int = 128  # per passage, in the policy tokenizer's tokens
     cache_dir: str = "~/.cache/searchr1/bm25"
-    rerank_depth: int = 16  # bm25s: float32 candidates per query, rescored exactly (float64) to give top_k
+    # bm25s: the kernel rescores exactly (float64) every candidate that float32 rounding leaves in reach of the
+    # top_k, and at least this many of the best (results never depend on it; 0: just those in reach)
+    rerank_depth: int = 0
     threads: int = 0  # bm25s: threads for a batch of queries; 0 = every CPU this process may use
 
     def __post_init__(self):
@@ -108,7 +110,7 @@ class RetrieverConfig:
         _check(self.top_k > 0, "retriever.top_k", self.top_k, "must be > 0")
         _check(self.max_query_words > 0, "retriever.max_query_words", self.max_query_words, "must be > 0")
         _check(self.passage_max_tokens > 0, "retriever.passage_max_tokens", self.passage_max_tokens, "must be > 0")
-        _check(self.rerank_depth > 0, "retriever.rerank_depth", self.rerank_depth, "must be > 0")
+        _check(self.rerank_depth >= 0, "retriever.rerank_depth", self.rerank_depth, "must be >= 0")
         _check(self.threads >= 0, "retriever.threads", self.threads, "must be >= 0")
 
 

@@ -196,24 +196,70 @@ def test_okapi_idf_floors_negative_idf_at_epsilon_times_mean():
     assert np.allclose(idf_v, [raw[0], 0.25 * (raw[0] + raw[1]) / 2])
 
 
-def test_term_doc_counts_and_scan_top_break_ties_by_passage():
+def _kernel_index(passages, cfg):
+    """The arrays top_k_exact takes, from a built bm25s index."""
+    ix = R.build_index(passages, cfg)
+    sc = ix.bm.scores
+    return ix, (sc["indptr"], sc["indices"], sc["data"], bm25.max_impacts(sc["indptr"], sc["data"]), ix.tf_z,
+                ix.len_d, ix.idf_v, cfg.k1, cfg.b, ix.avgdl)
+
+
+def test_term_doc_counts_and_top_k_exact_break_ties_by_passage():
     vocab, tok_n, len_d = bm25.count_tokens([["a", "b", "a"], ["b"], ["a"], []], 4)
     assert vocab == {"a": 0, "b": 1} and list(len_d) == [3, 1, 1, 0]
     term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, len(vocab))
     assert list(zip(term_z, doc_z, tf_z)) == [(0, 0, 2), (0, 2, 1), (1, 0, 1), (1, 1, 1)]
     assert list(indptr_v) == [0, 2, 4]
-    score_z = np.array([1.0, 0.5, 0.5, 0.5], dtype=np.float32)  # passages 1 and 2 tie at 0.5 for "a b"
-    q_ptr, q_term, q_mult = np.array([0, 2]), np.array([0, 1]), np.array([1.0, 1.0], dtype=np.float32)
-    cand_qc = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 2)
-    assert sorted(cand_qc[0].tolist()) == [0, 1]  # 0 scores 1.5; 1 and 2 tie at 0.5: the lower id stays
-    assert bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 4)[0].tolist().count(-1) == 1
+    ix, arrays = _kernel_index(SMALL, cfg_for("bm25s"))
+    cat, sleeps = ix.vocab["cat"], ix.vocab["sleeps"]
+    q_ptr, q_ids = np.array([0, 2, 3]), np.array([cat, sleeps, -1])  # -1: a word the index does not know
+    for k in (1, 2, 3, 5):
+        pid_qk, score_qk = bm25.top_k_exact(q_ptr, q_ids, *arrays, k, 0)
+        assert pid_qk[0, :2].tolist() == [2, 3][:k] and score_qk[0, 0] == score_qk[0, min(k, 2) - 1]  # a tie
+        assert (pid_qk[0, 2:] == -1).all() and (pid_qk[1] == -1).all()  # only passages that share a word
 
 
-def test_scan_top_same_answer_whether_it_tracks_touched_passages_or_scans_all():
-    _, tok_n, len_d = bm25.count_tokens([["a", "b", "a"], ["b"], ["a"], ["c"]], 4)
-    term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, 3)
-    score_z = np.array([1.0, 0.5, 0.5, 0.5, 2.0], dtype=np.float32)
-    q_ptr, q_term, q_mult = np.array([0, 2, 3]), np.array([0, 1, 2]), np.array([1.0, 2.0, 1.0], dtype=np.float32)
-    dense = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 2)  # most passages hit: full scan
-    few = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 400, 2)  # 396 empty passages: a list
-    assert [sorted(r) for r in dense.tolist()] == [sorted(r) for r in few.tolist()] == [[0, 1], [-1, 3]]
+@pytest.fixture(scope="module")
+def shipped():
+    return load_splits(DataConfig(), root=ROOT).corpus
+
+
+def _odd_queries(passages) -> list[str]:
+    """Queries of the shapes retrieval gets wrong most easily: repeated words, stop words only, one common word,
+    unknown words among known ones, numbers, accents, and queries at the max_query_words cut."""
+    g = np.random.default_rng(0)
+    words = [w for p in passages[:300] for w in R.tokenize(p["text"])]
+    out = ["the the the", "of", "in the", "what is the", "1 2 3 2019", "Beyoncé Beyonce", "zzqx the",
+           "the " * 40 + "paris", "who who who was was the first"]
+    for _ in range(40):
+        n = int(g.integers(1, 70))
+        out.append(" ".join(words[int(i)] for i in g.integers(0, len(words), n)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def okapi_case(shipped):
+    """2,500 shipped passages, odd and title queries, and rank_bm25's scores of every passage for each."""
+    passages = shipped[:2500]
+    cfg = cfg_for("bm25s")
+    okapi = BM25Okapi([R.tokenize(p["title"] + "\n" + p["text"]) for p in passages], k1=1.5, b=0.75, epsilon=0.25)
+    queries = _odd_queries(passages) + [p["title"] for p in passages[::97]]
+    toks = [R.tokenize(q)[:cfg.max_query_words] for q in queries]
+    scores = [okapi.get_scores(t) if t else np.zeros(len(passages)) for t in toks]
+    return passages, cfg, queries, toks, scores
+
+
+@pytest.mark.parametrize("check_len", [1, 10**9])  # a checkpoint before every list / never: pruning on, off
+def test_top_k_exact_is_rank_bm25_with_and_without_pruning(okapi_case, check_len):
+    passages, cfg, queries, toks, scores = okapi_case
+    ix, arrays = _kernel_index(passages, cfg)
+    ids = [[ix.vocab.get(w, -1) for w in t] for t in toks]
+    q_ptr = np.cumsum([0] + [len(x) for x in ids])
+    q_ids = np.array([t for x in ids for t in x] or [0])
+    for k in (1, 3, 7):
+        pid_qk, score_qk = bm25.top_k_exact(q_ptr, q_ids, *arrays, k, 0, check_len, 8, 4)
+        for i, sc in enumerate(scores):
+            want = [int(j) for j in np.lexsort((np.arange(len(sc)), -sc))[:k] if sc[j] > 0]
+            got = [int(p) for p in pid_qk[i] if p >= 0]
+            assert got == want, queries[i]
+            assert score_qk[i, :len(got)].tolist() == [sc[j] for j in want], queries[i]  # bit for bit

@@ -11,8 +11,9 @@ Positions are coded as gaps from the previous change (the first from start-1): a
 larger one is a 0 byte plus an int32 escape, so indices cost ~1 byte instead of 4 at realistic sparsity. A window
 never exceeds 2^31-1 elements, so escapes always fit int32 (parameters over 2^31 elements are chunked).
 A FULL record's payload is the window's raw bf16 bits: chosen whenever the delta would be larger.
-A RICE record (sync.codec=rice; rice.py describes it) codes positions per class of the old value and values as
-Rice-coded bit-pattern differences: ~1-2 bytes per change instead of ~3. Its windows are smaller (`window_size`)
+A RICE record (sync.codec=rice or rice_classes; rice.py describes it) codes gaps with Rice or Exp-Golomb codes
+and values as bit-pattern differences Rice-coded in the context of the old value (rice_classes also codes
+positions per class of old value): ~1-2 bytes per change instead of ~3. Its windows are smaller (`window_size`)
 so that its encode scratch stays within one bucket. Receivers decode whatever kinds arrive.
 
 The digest of a tensor is (sum u_i, sum u_i * i) over its uint16 bit patterns u_i, mod 2^64: it is additive over
@@ -24,10 +25,9 @@ copy, digest); CUDA and CPUs without a compiler use the torch path, which produc
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
-
-import logging
 
 import torch
 

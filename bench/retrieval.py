@@ -1,4 +1,7 @@
 """Retrieval benchmark: rank_bm25 (reference) and bm25s side by side, on the shipped corpus and scaled corpora.
+In each bm25s child, on the same index and queries, in the same run: today's kernel (searchr1.bm25_topk.top_k_exact,
+via Index.search), the previous one (bench/bm25_previous.py, the code of b4dff5f) and bm25s's own numba
+retrieval on the saved Okapi matrix (the peer; given our tokens, it returns ids and float32 scores only).
 
     python bench/retrieval.py --quick     # shipped corpus (256 rank_bm25 queries) + 10k scaled passages, < 2 min
     nice python bench/retrieval.py        # shipped corpus + 100k + 1M scaled passages (heavy: run it alone)
@@ -7,8 +10,10 @@ Scaled corpora keep the vocabulary real: the shipped passages first, then passag
 passage's title (numbered) and sentence count, with sentences drawn at random (seeded) from every shipped
 paragraph. Each (corpus, backend) runs in its own child process so that its peak memory is its own: it builds
 the index, saves it, loads it back memory-mapped (as a rollout rank does), then times batches of 512 queries at
-top-3. Queries are the shipped questions' text. rank_bm25 answers a sample of queries where it is too slow for
-all of them. Agreement: bm25s's top-3 against rank_bm25's, identical ids, or identical up to tied scores.
+top-3. Queries are the shipped questions' text, and odd ones (repeated words, stop words only, unknown words,
+numbers, accents, queries cut at max_query_words). rank_bm25 answers a sample of queries where it is too slow
+for all of them. Agreement: top-3 against rank_bm25's: identical ids and identical scores (bit for bit), or
+identical up to tied scores; today's kernel is also checked equal to the previous one on every timed query.
 Writes results/bench/retrieval[_quick].json.
 """
 from __future__ import annotations
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -31,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from searchr1 import retrieval  # noqa: E402
-from searchr1.config import DataConfig, RetrieverConfig  # noqa: E402
+import bm25_previous  # noqa: E402
+from searchr1 import index_cache, retrieval  # noqa: E402
+from searchr1.config import BM25Config, DataConfig, RetrieverConfig  # noqa: E402
 from searchr1.data import load_questions, load_splits  # noqa: E402
 
 BATCH = 512
@@ -54,6 +61,22 @@ def real_queries(n: int) -> list[str]:
             out.append(q.question)
     if len(out) < n:
         raise SystemExit(f"only {len(out)} distinct shipped questions, need {n}")
+    return out[:n]
+
+
+def odd_queries(n: int) -> list[str]:
+    """Queries of the shapes retrieval gets wrong most easily, drawn from the shipped text (seeded)."""
+    rng = np.random.default_rng(SEED + 1)
+    words = [w for p in load_splits(DataConfig(), root=ROOT).corpus[:500] for w in retrieval.tokenize(p["text"])]
+    fixed = ["the the the", "of", "in the", "what is the", "1 2 3 2019", "Beyoncé Beyonce", "zzqx the",
+             "the " * 40 + "paris", "who who who was was the first", "", "   ", "??!", "qwertyuiopasdf"]
+    out = list(fixed)
+    while len(out) < n:
+        m = int(rng.integers(1, 80))
+        ws = [words[int(i)] for i in rng.integers(0, len(words), m)]
+        if rng.random() < 0.3:
+            ws = ws[:3] * 5  # repeats
+        out.append(" ".join(ws))
     return out[:n]
 
 
@@ -80,39 +103,85 @@ def corpus(n: int) -> list[dict]:
     return out
 
 
+def _qps(fn, queries: list[str], reps: int) -> float:
+    """Best wall-clock q/s over `reps` runs of `fn` on `queries` in batches of BATCH."""
+    best = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for i in range(0, len(queries), BATCH):
+            fn(queries[i: i + BATCH])
+        best = max(best, len(queries) / (time.perf_counter() - t0))
+    return best
+
+
 def child(spec: dict) -> dict:
     """One backend on one corpus, in this process alone: build, save, mmap-load, query."""
     queries = real_queries(N_QUERIES)
+    odd = odd_queries(spec["odd"])
     passages = corpus(spec["n"])
     rss_corpus = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    cfg = RetrieverConfig(backend=spec["backend"], top_k=TOP_K, threads=spec["threads"], stopwords=spec["stopwords"])
-    out = {"passages": len(passages), "backend": spec["backend"], "threads": cfg.threads or os.cpu_count(),
-           "stopwords": cfg.stopwords}
+    cfg = RetrieverConfig(name=spec["backend"], top_k=TOP_K,
+                          bm25=BM25Config(threads=spec["threads"], stopwords=spec["stopwords"]))
+    out = {"passages": len(passages), "backend": spec["backend"], "threads": cfg.bm25.threads or os.cpu_count(),
+           "stopwords": cfg.bm25.stopwords, "load_avg_at_start": os.getloadavg()}
     t0 = time.perf_counter()
     index = retrieval.build_index(passages, cfg)
     out["build_s"] = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as d:
         if spec["persist"]:
             t0 = time.perf_counter()
-            retrieval.save_index(index, d)
+            index_cache.save_index(index, d)
             out["save_s"] = time.perf_counter() - t0
             out["index_bytes"] = sum(f.stat().st_size for f in Path(d).iterdir())
             del index
             t0 = time.perf_counter()
-            index = retrieval.load_index(d, passages, cfg)  # hashes the corpus and every file, maps the arrays
+            index = index_cache.load_index(d, passages, cfg)  # hashes the corpus and every file, maps the arrays
             out["load_s"] = time.perf_counter() - t0
-        index.search(queries[:8])  # compiles bm25s's and our numba kernels
+        index.search(queries[:8])  # compiles (or loads) the numba kernels
         timed = queries[: spec["timed"]] if spec["timed"] else [queries[i % len(queries)] for i in range(2 * BATCH)]
-        hits = []
-        t0 = time.perf_counter()
-        for i in range(0, len(timed), BATCH):
-            hits += index.search(timed[i: i + BATCH])
+        reps = 1 if spec["timed"] else 3
+        if spec["backend"] == "bm25s":
+            pool = ThreadPoolExecutor(out["threads"])
+            bm25_previous.search(index, queries[:8], TOP_K, pool=pool)
+            new_qps, prev_qps = [], []
+            for _ in range(reps):  # alternated, so that both see the same machine
+                new_qps.append(_qps(lambda b: index.search(b), timed, 1))
+                prev_qps.append(_qps(lambda b: bm25_previous.search(index, b, TOP_K, pool=pool), timed, 1))
+            out["qps"], out["qps_previous_kernel"] = max(new_qps), max(prev_qps)
+            out["qps_ratio_vs_previous_kernel"] = out["qps"] / out["qps_previous_kernel"]
+            same = sum([(p.pid, p.score) for p in a] == [(p.pid, p.score) for p in b]
+                       for a, b in zip(index.search(timed), bm25_previous.search(index, timed, TOP_K, pool=pool)))
+            out["previous_kernel_identical"] = same / len(timed)
+            if spec["persist"]:
+                out.update(bm25s_numba(d, index, timed, out["threads"]))
+                out["qps_ratio_vs_bm25s_numba"] = out["qps"] / out["qps_bm25s_numba"]
+        else:
+            out["qps"] = _qps(lambda b: index.search(b), timed, reps)
         out["queries_timed"] = len(timed)
-        out["qps"] = len(timed) / (time.perf_counter() - t0)
-        out["top"] = [[(p.pid, p.score) for p in h] for h in hits[: spec["agree"]]]  # timed[i] is queries[i]
+        agree = queries[: spec["agree"]] + odd
+        out["top"] = [[(p.pid, p.score) for p in h] for h in index.search(agree)]  # the same lists in every child
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out["corpus_rss_gib"] = rss_corpus
     return out
+
+
+def bm25s_numba(path: str, index, queries: list[str], threads: int) -> dict:
+    """bm25s's own numba retrieval on our saved matrix (its compile, ~15 s once per process, excluded)."""
+    import bm25s
+
+    bm = bm25s.BM25.load(path, mmap=True, load_corpus=False, show_progress=False)
+    bm.backend = "numba"
+
+    def run(batch):
+        toks = [retrieval.tokenize(q, index.cfg.bm25.stopwords)[: index.cfg.bm25.max_query_words] for q in batch]
+        ids = [[index.vocab[w] for w in t if w in index.vocab] for t in toks]
+        ids = [x for x in ids if x]  # bm25s cannot take an empty query
+        return bm.retrieve(ids, k=TOP_K, show_progress=False, n_threads=threads, backend_selection="numba")
+
+    t0 = time.perf_counter()
+    run(queries[:8])
+    compile_s = time.perf_counter() - t0
+    return {"qps_bm25s_numba": _qps(run, queries, 3), "bm25s_numba_first_call_s": compile_s}
 
 
 def run_child(spec: dict, mem_limit_gib: float | None) -> dict:
@@ -137,18 +206,22 @@ def available_gib() -> float:
     return int(info["MemAvailable"].split()[0]) / 2**20
 
 
-def agreement(ref: list, fast: list) -> dict:
-    """Identical ids; or identical up to ties (the same score at every rank); and the largest score gap."""
-    same = tie_same = 0
-    gap = 0.0
-    for r, f in zip(ref, fast):
-        same += [p for p, _ in r] == [p for p, _ in f]
-        tie_same += len(r) == len(f) and all(abs(a[1] - b[1]) <= 1e-9 * max(1.0, abs(a[1])) for a, b in zip(r, f))
-        ref_score = dict((p, s) for p, s in r)
-        gap = max([gap] + [abs(ref_score[p] - s) for p, s in f if p in ref_score])
-    n = len(ref)
-    return {"queries": n, "top3_identical": same / n, "top3_identical_up_to_ties": tie_same / n,
-            "max_abs_score_diff_same_pid": gap}
+def agreement(ref: list, fast: list, n_real: int) -> dict:
+    """Per query set (real questions, odd queries): identical ids and scores (bit for bit); identical up to ties
+    (the same score at every rank); the largest score gap."""
+    def one(r_list, f_list):
+        same = exact = tie_same = 0
+        gap = 0.0
+        for r, f in zip(r_list, f_list):
+            same += [p for p, _ in r] == [p for p, _ in f]
+            exact += r == f
+            tie_same += len(r) == len(f) and all(a[1] == b[1] for a, b in zip(r, f))
+            ref_score = dict((p, s) for p, s in r)
+            gap = max([gap] + [abs(ref_score[p] - s) for p, s in f if p in ref_score])
+        n = len(r_list)
+        return {"queries": n, "top3_ids_identical": same, "top3_ids_and_scores_identical": exact,
+                "top3_identical_up_to_ties": tie_same, "max_abs_score_diff_same_pid": gap}
+    return {"real": one(ref[:n_real], fast[:n_real]), "odd": one(ref[n_real:], fast[n_real:])}
 
 
 def main() -> None:
@@ -169,12 +242,14 @@ def main() -> None:
     sizes = [10_000] if args.quick else (args.sizes or [100_000, 1_000_000])
     # rank_bm25 queries per corpus: all 1,000 on the shipped corpus, a sample where one query takes seconds
     ref_queries = {0: 256, 10_000: 32} if args.quick else {0: N_QUERIES, 100_000: 64, 1_000_000: 8}
+    # odd queries checked against rank_bm25 per corpus (on top of the real ones)
+    odd_n = {0: 200, 10_000: 16} if args.quick else {0: 200, 100_000: 32, 1_000_000: 8}
     tmp = tempfile.mkdtemp(prefix="bench-retrieval-")
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_at_start": os.getloadavg()},
               "settings": {**asdict(RetrieverConfig()), "batch": BATCH, "top_k": TOP_K, "quick": args.quick},
               "corpora": []}
     for n in ([] if args.no_shipped else [0]) + sizes:
-        n_ref = ref_queries.get(n, 16)
+        n_ref, n_odd = ref_queries.get(n, 16), odd_n.get(n, 8)
         row = {"requested_passages": n or "shipped"}
         print(f"corpus {n or 'shipped'}:", flush=True)
         runs = {}  # name -> (spec, reference run name or None)
@@ -191,7 +266,7 @@ def main() -> None:
                 runs[name] = {"skipped": f"only {mem_gib:.1f} GiB available on this shared machine"}
             else:
                 spec = {"n": n, "backend": backend, "threads": threads, "stopwords": stop, "tmp": tmp,
-                        "timed": n_ref if ref else 0, "agree": n_ref if ref else N_QUERIES if n == 0 else n_ref,
+                        "timed": n_ref if ref else 0, "agree": n_ref, "odd": n_odd,
                         "persist": not (ref and n >= 1_000_000)}  # a 1M rank_bm25 pickle is many GiB
                 runs[name] = run_child(spec, args.rank_bm25_mem_gib if ref else None)
             r = runs[name]
@@ -199,7 +274,7 @@ def main() -> None:
             base = runs.get(ref_name) if ref_name else None
             if base and "qps" in base and "qps" in r:
                 row[name]["qps_ratio_vs_rank_bm25"] = r["qps"] / base["qps"]
-                row[name]["agreement_with_rank_bm25"] = agreement(base["top"], r["top"][: len(base["top"])])
+                row[name]["agreement_with_rank_bm25"] = agreement(base["top"], r["top"], n_ref)
             print(f"  {name}: {json.dumps(row[name])}", flush=True)
         report["corpora"].append(row)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -48,7 +48,8 @@ def main(argv: list[str]) -> dict:
     from searchr1.data import load_splits
     from searchr1.engines import make_engine
     from searchr1.engines.base import Sampling
-    from searchr1.retrieval import format_passages, load_or_build
+    from searchr1.index_cache import load_or_build
+    from searchr1.retrieval import format_passages
 
     splits = load_splits(cfg.data, root=ROOT)
     index = load_or_build(splits.corpus, cfg.retriever, cfg.retriever.cache_dir)

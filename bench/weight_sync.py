@@ -1,4 +1,5 @@
-"""Delta versus full weight publication: codec speed against a plain memory copy, bytes, and gloo broadcast.
+"""Delta versus full weight publication: each codec format's speed against a plain memory copy, its bytes, peer
+codecs, the production shape, and gloo broadcast.
 
 Two workloads, each a pair of bf16 snapshots (before, after one update):
  (a) real: one `searchr1.trainer.Trainer.step` (GRPO, AdamW at conf/algo/grpo.yaml's lr) on SmolLM2-135M-Instruct,
@@ -7,10 +8,16 @@ Two workloads, each a pair of bf16 snapshots (before, after one update):
      synthetic batch, not a rollout.
  (b) synthetic: Qwen2.5-3B-like shapes (the 151936x2048 embedding, MLP matrices, norms near 1.0) totalling
      >= 500M elements, fp32 masters ~N(0, 0.02) moved by an Adam-like step of lr 1e-6 per element.
-Reported per workload (single-threaded, in one run so that ratios share the machine's state):
- copy2_s: copying both bf16 snapshots once (the memory-speed limit the goals refer to); encode_s (C++ kernel and
- the torch path used on CUDA) and the naive compare+nonzero+gather; apply_s and verify_s (receiver); bytes; then
- Publisher -> R Subscribers over gloo on loopback (R = 2, 4) for sync=delta and sync=full.
+Reported per workload (single-threaded, in one run so that ratios share the machine's state; times are this
+thread's CPU time, best of `repeat`, because the machine is shared and wall clock includes other processes):
+ copy2_s: copying both bf16 snapshots once (the memory-speed limit the goals refer to); per format (gap8, rice,
+ rice_classes): encode_s (C++ kernel and the torch path used on CUDA), apply_s and verify_s (receiver), bytes per
+ changed element, everything bit-exact (checked); the naive compare+nonzero+gather; peer formats where
+ `zstandard` is installed: zstd-1 of the gap8 frames, XOR of new and old bits + zstd-1 (NeMo-RL style), index
+ gaps + values + zstd-1 (slime style), each timed with its compression and verified bit-exact; then
+ Publisher -> R Subscribers over gloo on loopback (R = 2, 4) for sync=full and sync=delta with each codec.
+The production shape (Qwen2.5-3B, 14 receivers) is extrapolated from the synthetic step's changed fraction and
+each format's bytes per changed element: bytes per step, and the time of one broadcast on 25 and 100 GB/s links.
 
     python bench/weight_sync.py            # full run (~1.5 GB per synthetic copy set; run alone, under nice)
     python bench/weight_sync.py --quick    # < 2 min: 20M synthetic elements, R = 2
@@ -36,17 +43,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from searchr1.config import SyncConfig  # noqa: E402
-from searchr1.weightsync import codec  # noqa: E402
+from searchr1.weightsync import codec, stream  # noqa: E402
 
 
 def best_of(fn, repeat: int, setup=None) -> float:
+    """Best CPU time of this thread over `repeat` runs (the codec and copies are single-threaded here)."""
     best = float("inf")
     for _ in range(repeat):
         if setup is not None:
             setup()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.thread_time() - t0)
     return best
 
 
@@ -139,28 +147,18 @@ def real_pair(quick: bool):
 
 # ---------------------------------------------------------------- in-process codec
 
-def codec_timings(old: dict, new: dict, bucket_mb: int, repeat: int) -> dict:
-    names = list(old)
-    o = [codec.bits(old[k]) for k in names]
-    n = [codec.bits(new[k]) for k in names]
-    total = sum(t.numel() for t in o)
-    cap = bucket_mb << 20
-    window = codec.window_size(cap)
-    buf = [torch.empty_like(t) for t in o]
+QWEN25_3B_PARAMS = 3_085_938_688  # Qwen2.5-3B-Instruct (tied embeddings): 6.17 GB in bf16
+SEED_DELTA_BYTES = 165e6  # the seed's measured delta publication of that model, per step
+RECEIVERS = 14  # production: 2 trainer + 14 rollout GPUs
+LINKS_GBPS = (25, 100)
 
-    def copy2():
-        for b, a, c in zip(buf, o, n):
-            b.copy_(a)
-            b.copy_(c)
 
-    def copy1():
-        for b, c in zip(buf, n):
-            b.copy_(c)
-
-    out = {"elements": total, "tensors": len(names), "copy2_s": best_of(copy2, repeat),
-           "copy1_s": best_of(copy1, repeat)}
+def format_timings(o, n, fmt: str, cap: int, repeat: int, torch_repeat: int, copy2: float) -> tuple[dict, list]:
+    """One record format on the pair: encode (C++ and torch paths), frames, apply, verify, all bit-exact."""
+    names = range(len(o))
+    window = codec.window_size(cap, fmt)
     pub = [torch.empty_like(t) for t in o]
-    scratch = codec.Scratch(window, torch.device("cpu"))
+    scratch = codec.Scratch(window, torch.device("cpu"), fmt)
     writer = codec.FrameWriter(cap, torch.device("cpu"))
     frames = []
 
@@ -169,31 +167,31 @@ def codec_timings(old: dict, new: dict, bucket_mb: int, repeat: int) -> dict:
             p.copy_(a)
 
     def encode(impl: str, keep: bool):
-        stats = codec.StreamStats.empty(len(names))
-        for last in codec.encode_stream(n, pub, range(len(names)), set(), writer, window, scratch, stats, impl):
+        stats = stream.StreamStats.empty(len(o))
+        for last in stream.encode_stream(n, pub, names, set(), writer, window, scratch, stats, impl, fmt):
             if keep:
-                frames.append((writer.header(last, len(names)), writer.bucket[:writer.used].clone()))
+                frames.append((writer.header(last, len(o)), writer.bucket[:writer.used].clone()))
             writer.reset()
         return stats
 
     impls = ["cpp", "torch"] if codec.kernel() is not None else ["torch"]
+    out = {}
     for impl in impls:
-        out[f"encode_{impl}_s"] = best_of(lambda: encode(impl, False), repeat, reset_pub)
+        out[f"encode_{impl}_s"] = best_of(lambda: encode(impl, False), repeat if impl == "cpp" else torch_repeat,
+                                          reset_pub)
     reset_pub()
     stats = encode(impls[0], True)
     assert all(torch.equal(p, c) for p, c in zip(pub, n))
-
-    def naive():
-        for a, c in zip(o, n):
-            for start, m in codec.windows(a.numel(), window):
-                idx = torch.ne(c[start:start + m], a[start:start + m]).nonzero()
-                c[start:start + m][idx]
-    out["encode_naive_s"] = best_of(naive, max(1, repeat // 2))
-
     changed = sum(stats.count)
     payload = sum(h.numel() * 8 + b.numel() for h, b in frames)
-    out.update(changed=changed, changed_frac=changed / total, delta_bytes=payload, full_bytes=2 * total,
-               bytes_per_changed=payload / max(changed, 1), bytes_frac=payload / (2 * total), frames=len(frames))
+    total = sum(t.numel() for t in o)
+    kinds = {}
+    for h, _ in frames:
+        for rec in codec.parse_header(h)[0]:
+            kinds[rec[1]] = kinds.get(rec[1], 0) + 1
+    out.update(changed=changed, changed_frac=changed / total, bytes=payload, bytes_per_changed=payload / max(changed, 1),
+               bytes_frac=payload / (2 * total), frames=len(frames),
+               records={{codec.DELTA: "delta", codec.FULL: "full", codec.RICE: "rice"}[k]: v for k, v in kinds.items()})
     tgt = [torch.empty_like(t) for t in o]
 
     def reset_tgt():
@@ -206,20 +204,160 @@ def codec_timings(old: dict, new: dict, bucket_mb: int, repeat: int) -> dict:
             codec.apply_frame(records, b, tgt, impl)
 
     for impl in impls:
-        out[f"apply_{impl}_s"] = best_of(lambda: apply(impl), repeat, reset_tgt)
-    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "apply is not bit-exact"
+        out[f"apply_{impl}_s"] = best_of(lambda: apply(impl), repeat if impl == "cpp" else torch_repeat, reset_tgt)
+        assert all(torch.equal(t, c) for t, c in zip(tgt, n)), f"{fmt} apply ({impl}) is not bit-exact"
     upd = stats.updated()
-    for impl in impls:
-        out[f"verify_{impl}_s"] = best_of(lambda: [codec.digest(tgt[i], 0, impl) for i in upd], repeat)
-    out["bit_exact"] = True
     k = impls[0]
-    out["ratios"] = {"encode_vs_copy2": out[f"encode_{k}_s"] / out["copy2_s"],
-                     "encode_torch_vs_copy2": out["encode_torch_s"] / out["copy2_s"],
-                     "encode_naive_vs_copy2": out["encode_naive_s"] / out["copy2_s"],
-                     "apply_vs_copy2": out[f"apply_{k}_s"] / out["copy2_s"],
-                     "apply_vs_copy1": out[f"apply_{k}_s"] / out["copy1_s"],
-                     "verify_vs_copy1": out[f"verify_{k}_s"] / out["copy1_s"],
-                     "delta_bytes_vs_full": out["bytes_frac"]}
+    out[f"verify_{k}_s"] = best_of(lambda: [codec.digest(tgt[i], 0, k) for i in upd], repeat)
+    out["bit_exact"] = True
+    out["ratios"] = {"encode_vs_copy2": out[f"encode_{k}_s"] / copy2, "apply_vs_copy2": out[f"apply_{k}_s"] / copy2,
+                     "encode_torch_vs_copy2": out["encode_torch_s"] / copy2,
+                     "apply_torch_vs_copy2": out["apply_torch_s"] / copy2}
+    return out, frames
+
+
+def peer_timings(o, n, gap8_frames, copy2: float, changed: int, repeat: int) -> dict:
+    """Peer formats, each with its compression, decoded and checked bit-exact. zstd level 1, one thread."""
+    try:
+        import zstandard
+    except ImportError:
+        return {"skipped": "zstandard is not installed (pip install zstandard, or the test extra)"}
+    cctx, dctx = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
+    out = {}
+
+    def record(name, enc, dec):
+        blobs = []
+        out[name] = {"encode_s": best_of(lambda: blobs.append(enc()), repeat)}
+        blob = blobs[-1]
+        out[name]["bytes"] = sum(len(x) for x in blob)
+        out[name]["apply_s"] = best_of(lambda: dec(blob), repeat)
+        out[name]["bytes_per_changed"] = out[name]["bytes"] / max(changed, 1)
+        out[name]["ratios"] = {"encode_vs_copy2": out[name]["encode_s"] / copy2,
+                               "apply_vs_copy2": out[name]["apply_s"] / copy2}
+
+    # zstd-1 of this project's gap8 frames (compression only: their encoding is timed in formats.gap8)
+    raw = [bytes(h.numpy().tobytes()) + bytes(b.numpy().tobytes()) for h, b in gap8_frames]
+    record("zstd1_of_gap8_frames", lambda: [cctx.compress(r) for r in raw],
+           lambda blob: [dctx.decompress(x) for x in blob])
+    assert [dctx.decompress(x) for x in [cctx.compress(r) for r in raw]] == raw
+    tgt = [torch.empty_like(t) for t in o]
+
+    def xor_enc():  # NeMo-RL style: XOR of the new and old bit patterns, all of them, compressed
+        return [cctx.compress((a ^ c).numpy().tobytes()) for a, c in zip(o, n)]
+
+    def xor_dec(blob):
+        for t, a, x in zip(tgt, o, blob):
+            raw_x = dctx.decompress(x)
+            t.copy_(a)
+            if raw_x:
+                t.bitwise_xor_(torch.frombuffer(bytearray(raw_x), dtype=torch.int16))
+
+    record("xor_zstd1", xor_enc, xor_dec)
+    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "xor+zstd is not bit-exact"
+
+    def planes_enc():  # the same with the XOR's low and high bytes as separate planes (zstd likes those better)
+        out_b = []
+        for a, c in zip(o, n):
+            b2 = (a ^ c).view(torch.uint8).view(-1, 2)
+            out_b += [cctx.compress(b2[:, 0].contiguous().numpy().tobytes()),
+                      cctx.compress(b2[:, 1].contiguous().numpy().tobytes())]
+        return out_b
+
+    def planes_dec(blob):
+        for i, (t, a) in enumerate(zip(tgt, o)):
+            lo, hi = dctx.decompress(blob[2 * i]), dctx.decompress(blob[2 * i + 1])
+            t.copy_(a)
+            if lo:
+                x = torch.stack([torch.frombuffer(bytearray(lo), dtype=torch.uint8),
+                                 torch.frombuffer(bytearray(hi), dtype=torch.uint8)], 1)
+                t.bitwise_xor_(x.view(-1).view(torch.int16))
+
+    record("xor_byte_planes_zstd1", planes_enc, planes_dec)
+    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "xor planes+zstd is not bit-exact"
+
+    def gaps_enc():  # slime style: int32 index gaps and int16 new values, compressed
+        out_b = []
+        for a, c in zip(o, n):
+            idx = torch.ne(a, c).nonzero().squeeze(1)
+            gaps = torch.diff(idx, prepend=idx.new_zeros(1)).to(torch.int32)
+            out_b.append(cctx.compress(gaps.numpy().tobytes() + c[idx].numpy().tobytes()))
+        return out_b
+
+    def gaps_dec(blob):
+        for t, a, x in zip(tgt, o, blob):
+            raw_b = dctx.decompress(x)
+            m = len(raw_b) // 6
+            t.copy_(a)
+            if not m:
+                continue
+            gaps = torch.frombuffer(bytearray(raw_b[:4 * m]), dtype=torch.int32).to(torch.int64)
+            vals = torch.frombuffer(bytearray(raw_b[4 * m:]), dtype=torch.int16)
+            t.index_put_((torch.cumsum(gaps, 0),), vals)
+
+    record("gaps_zstd1", gaps_enc, gaps_dec)
+    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "gaps+zstd is not bit-exact"
+    return out
+
+
+def codec_timings(old: dict, new: dict, bucket_mb: int, repeat: int, torch_repeat: int) -> dict:
+    names = list(old)
+    o = [codec.bits(old[k]) for k in names]
+    n = [codec.bits(new[k]) for k in names]
+    total = sum(t.numel() for t in o)
+    cap = bucket_mb << 20
+    buf = [torch.empty_like(t) for t in o]
+
+    def copy2():
+        for b, a, c in zip(buf, o, n):
+            b.copy_(a)
+            b.copy_(c)
+
+    def copy1():
+        for b, c in zip(buf, n):
+            b.copy_(c)
+
+    out = {"elements": total, "tensors": len(names), "clock": "thread CPU time, best of repeat",
+           "copy2_s": best_of(copy2, repeat), "copy1_s": best_of(copy1, repeat), "formats": {}}
+    del buf
+    frames = {}
+    for fmt in codec.FORMATS:
+        out["formats"][fmt], frames[fmt] = format_timings(o, n, fmt, cap, repeat, torch_repeat, out["copy2_s"])
+        print(f"  {fmt}: {json.dumps(out['formats'][fmt]['ratios'])} "
+              f"{out['formats'][fmt]['bytes_per_changed']:.3f} B/changed", flush=True)
+    window = codec.window_size(cap)
+
+    def naive():
+        for a, c in zip(o, n):
+            for start, m in codec.windows(a.numel(), window):
+                idx = torch.ne(c[start:start + m], a[start:start + m]).nonzero()
+                c[start:start + m][idx]
+    out["encode_naive_s"] = best_of(naive, max(1, repeat // 2))
+    changed = out["formats"]["gap8"]["changed"]
+    out["changed"], out["changed_frac"] = changed, changed / total
+    out["peers"] = peer_timings(o, n, frames["gap8"], out["copy2_s"], changed, max(1, repeat - 1))
+    out["bytes_per_changed"] = {f: v["bytes_per_changed"] for f, v in out["formats"].items()}
+    out["bytes_per_changed"].update({p: v["bytes_per_changed"] for p, v in out["peers"].items() if "bytes" in v})
+    out["ratios"] = {f: v["ratios"] for f, v in out["formats"].items()}
+    out["ratios"].update({p: v["ratios"] for p, v in out["peers"].items() if "ratios" in v})
+    out["ratios"]["encode_naive_vs_copy2"] = out["encode_naive_s"] / out["copy2_s"]
+    return out
+
+
+def production(synthetic: dict) -> dict:
+    """Qwen2.5-3B publishing to 14 receivers, at the synthetic step's changed fraction: bytes per step per
+    format and one broadcast's time on each link speed. A pipelined broadcast (NCCL ring or tree) moves the
+    data over every link once, so its time is about bytes / link bandwidth whatever the receiver count;
+    `sequential_s` is the bound for 14 separate sends from the trainer."""
+    frac = synthetic["changed_frac"]
+    changed = QWEN25_3B_PARAMS * frac
+    rows = {"full_export": 2.0 * QWEN25_3B_PARAMS, "seed_delta_quoted": SEED_DELTA_BYTES}
+    rows.update({f: changed * b for f, b in synthetic["bytes_per_changed"].items()})
+    out = {"model": "Qwen2.5-3B-Instruct", "parameters": QWEN25_3B_PARAMS, "receivers": RECEIVERS,
+           "changed_frac": frac, "changed_elements": changed, "formats": {}}
+    for name, nbytes in rows.items():
+        out["formats"][name] = {"bytes_per_step": nbytes, **{
+            f"broadcast_{g}GBps_s": nbytes / (g * 1e9) for g in LINKS_GBPS}, **{
+            f"sequential_{g}GBps_s": RECEIVERS * nbytes / (g * 1e9) for g in LINKS_GBPS}}
     return out
 
 
@@ -236,15 +374,16 @@ def _transport_worker(rank, world, port, source, shapes, bucket_mb, q):
         old, new = torch.load(source)
     else:
         views = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in shapes.items()}
-    for method in ("full", "delta"):
-        cfg = SyncConfig(method=method, bucket_mb=bucket_mb, verify=True)
+    for method, fmt in (("full", "gap8"), ("delta", "gap8"), ("delta", "rice"), ("delta", "rice_classes")):
+        cfg = SyncConfig(method=method, bucket_mb=bucket_mb, verify=True, codec=fmt)
         ep = Publisher(dist.group.WORLD, cfg, "cpu") if rank == 0 else Subscriber(dist.group.WORLD, cfg, "cpu")
+        key = method if method == "full" else f"delta_{fmt}"
         for step, snap in (("first", "old"), ("second", "new")):
             dist.barrier()
             t0 = time.perf_counter()
             m = ep.publish(old if snap == "old" else new, 0) if rank == 0 else ep.receive(views)
             m["wall_s"] = time.perf_counter() - t0
-            res[f"{method}_{step}"] = m
+            res[f"{key}_{step}"] = m
         del ep
     dist.destroy_process_group()
     q.put((rank, res))
@@ -260,8 +399,9 @@ def transport_timings(source, shapes: dict, receivers: int, bucket_mb: int) -> d
     keep = ("sync/bytes", "sync/encode_s", "sync/transfer_s", "sync/apply_s", "sync/verify_s", "sync/changed_frac",
             "sync/bytes_frac", "sync/frames", "sync/full", "wall_s")
     out = {k: {f: v for f, v in m.items() if f in keep} for k, m in res[0].items()}
-    out["ratios"] = {"delta_vs_full_wall": out["delta_second"]["wall_s"] / out["full_second"]["wall_s"],
-                     "delta_vs_full_bytes": out["delta_second"]["sync/bytes"] / out["full_second"]["sync/bytes"]}
+    out["ratios"] = {f"{k}_vs_full_{w}": out[f"{k}_second"][f] / out["full_second"][f]
+                     for k in ("delta_gap8", "delta_rice", "delta_rice_classes")
+                     for w, f in (("wall", "wall_s"), ("bytes", "sync/bytes"))}
     return out
 
 
@@ -273,7 +413,9 @@ def main() -> None:
     ap.add_argument("--adam-steps", type=int, default=10, help="synthetic: publish the change of the last step")
     ap.add_argument("--bucket-mb", type=int, default=SyncConfig().bucket_mb)
     ap.add_argument("--repeat", type=int, default=0, help="timing repeats (best of); default 3 (quick: 2)")
+    ap.add_argument("--torch-repeat", type=int, default=1, help="timing repeats of the (slow on CPU) torch path")
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--pair-cache", default="", help="a folder keeping the generated pairs across runs")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     torch.set_num_threads(1)  # the kernel is single-threaded: compare against a single-threaded copy
@@ -288,32 +430,49 @@ def main() -> None:
                           "kernel_load_s": time.perf_counter() - t_kernel},
               "args": vars(a), "workloads": {}}
     with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(a.pair_cache) if a.pair_cache else None
         if not a.skip_real:
-            old, new, info = real_pair(a.quick)
+            hit = cache / f"real_{'quick' if a.quick else 'full'}.pt" if cache else None
+            if hit is not None and hit.exists():
+                old, new, info = torch.load(hit)
+            else:
+                old, new, info = real_pair(a.quick)
+                if hit is not None:
+                    cache.mkdir(parents=True, exist_ok=True)
+                    torch.save((old, new, info), hit)
+            print(f"real pair: {sum(t.numel() for t in old.values())} elements", flush=True)
             shapes = {k: tuple(v.shape) for k, v in old.items()}
             src = os.path.join(tmp, "real.pt")
             torch.save((old, new), src)
-            w = {"info": info, "codec": codec_timings(old, new, a.bucket_mb, repeat)}
+            w = {"info": info, "codec": codec_timings(old, new, a.bucket_mb, repeat, a.torch_repeat)}
             del old, new
             w["gloo"] = {f"receivers_{r}": transport_timings(src, shapes, r, a.bucket_mb) for r in receivers}
             report["workloads"]["real_smollm2_135m"] = w
-            print(json.dumps(w["codec"]["ratios"]), flush=True)
         shapes = synthetic_shapes(total)
+        hit = cache / f"synthetic_{total}_{a.lr}_{a.adam_steps}.pt" if cache else None
         torch.set_num_threads(os.cpu_count() or 1)
         t0 = time.perf_counter()
-        old, new = synthetic_pair(shapes, a.lr, a.adam_steps)
+        if hit is not None and hit.exists():
+            old, new = torch.load(hit)
+        else:
+            old, new = synthetic_pair(shapes, a.lr, a.adam_steps)
+            if hit is not None:
+                cache.mkdir(parents=True, exist_ok=True)
+                torch.save((old, new), hit)
         gen_s = time.perf_counter() - t0
         torch.set_num_threads(1)
+        print(f"synthetic pair: {total} elements", flush=True)
         src = os.path.join(tmp, "synthetic.pt")
         torch.save((old, new), src)
         w = {"info": {"label": f"synthetic: Adam step {a.adam_steps} vs {a.adam_steps - 1} on i.i.d. gradients",
                       "lr": a.lr, "elements": sum(t.numel() for t in old.values()), "tensors": len(old),
                       "shapes": {k: list(v) for k, v in shapes.items()}, "generate_s": gen_s},
-             "codec": codec_timings(old, new, a.bucket_mb, repeat)}
+             "codec": codec_timings(old, new, a.bucket_mb, repeat, a.torch_repeat)}
         del old, new
         w["gloo"] = {f"receivers_{r}": transport_timings(src, shapes, r, a.bucket_mb) for r in receivers}
         report["workloads"]["synthetic"] = w
-        print(json.dumps(w["codec"]["ratios"]), flush=True)
+        report["production"] = production(w["codec"])
+        print(json.dumps({k: v["bytes_per_step"] for k, v in report["production"]["formats"].items()}), flush=True)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=1))
     print(f"wrote {out_path}")

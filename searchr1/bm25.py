@@ -1,8 +1,8 @@
-"""BM25Okapi on arrays: the term-by-passage matrix, the query scan and the exact rescoring.
+"""BM25Okapi on arrays: the term-by-passage matrix and its scores (the query kernel: searchr1/bm25_topk.py).
 
 Pure functions over numpy arrays (suffixes: _v per vocabulary term, _d per passage, _z per nonzero (term, passage)
 entry in CSC order, _n per corpus token, _qc per query and candidate). `searchr1.retrieval` wraps them in an
-index; the numba kernels are cached on disk, so a process pays their compilation once per machine, not per start.
+index.
 """
 from __future__ import annotations
 
@@ -61,102 +61,14 @@ def term_doc_counts(tok_n, len_d, n_vocab):
 
 
 @numba.njit(cache=True, nogil=True)
-def _heap_push(hs, hd, n, s, d):
-    """Keep the best len(hs) (score, doc) pairs in a min-heap, ranking (score desc, doc asc); return its size."""
-    cap = hs.shape[0]
-    if n == cap:
-        if s < hs[0] or (s == hs[0] and d > hd[0]):
-            return n
-        i = 0  # replace the worst, sift down
-        while True:
-            c = 2 * i + 1
-            if c >= cap:
-                break
-            if c + 1 < cap and (hs[c + 1] < hs[c] or (hs[c + 1] == hs[c] and hd[c + 1] > hd[c])):
-                c += 1
-            if hs[c] < s or (hs[c] == s and hd[c] > d):
-                hs[i], hd[i] = hs[c], hd[c]
-                i = c
-            else:
-                break
-        hs[i], hd[i] = s, d
-        return n
-    i = n  # append, sift up
-    while i > 0:
-        par = (i - 1) // 2
-        if hs[par] > s or (hs[par] == s and hd[par] < d):
-            hs[i], hd[i] = hs[par], hd[par]
-            i = par
-        else:
-            break
-    hs[i], hd[i] = s, d
-    return n + 1
-
-
-@numba.njit(cache=True, nogil=True)
-def scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, n_docs, depth):
-    """bm25s-style retrieval: add every posting of each distinct query term (times its count in the query) into
-    a float32 accumulator, then keep the `depth` best passages (score desc, passage asc).
-
-    A query whose postings reach few passages keeps a list of those it touched and selects among them; one that
-    reaches many scans the whole accumulator instead (cheaper than the bookkeeping when most passages are hit)."""
-    n_q = len(q_ptr) - 1
-    cand_qc = np.full((n_q, depth), -1, dtype=np.int64)
-    acc = np.zeros(n_docs, dtype=np.float32)
-    seen = np.zeros(n_docs, dtype=np.bool_)
-    touched = np.empty(n_docs, dtype=np.int32)
-    hs = np.empty(depth, dtype=np.float32)
-    hd = np.empty(depth, dtype=np.int64)
-    for qi in range(n_q):
-        n_post = 0
-        for e in range(q_ptr[qi], q_ptr[qi + 1]):
-            n_post += indptr_v[q_term[e] + 1] - indptr_v[q_term[e]]
-        few = 4 * n_post < n_docs
-        nt = 0
-        for e in range(q_ptr[qi], q_ptr[qi + 1]):
-            t, w = q_term[e], q_mult[e]
-            for p in range(indptr_v[t], indptr_v[t + 1]):
-                d = doc_z[p]
-                acc[d] += w * score_z[p]
-                if few and not seen[d]:
-                    seen[d] = True
-                    touched[nt] = d
-                    nt += 1
-        n = 0
-        if few:
-            for i in range(nt):
-                d = touched[i]
-                if acc[d] > 0:
-                    n = _heap_push(hs, hd, n, acc[d], d)
-                acc[d] = 0
-                seen[d] = False
-        else:
-            for d in range(n_docs):
-                v = acc[d]
-                if v > 0 and (n < depth or v >= hs[0]):
-                    n = _heap_push(hs, hd, n, v, d)
-            acc[:] = 0
-        cand_qc[qi, :n] = hd[:n]
-    return cand_qc
-
-
-@numba.njit(cache=True, nogil=True)
-def rescore_exact(q_ptr, q_ids, cand_qc, indptr_v, doc_z, tf_z, len_d, idf_v, k1, b, avgdl):
-    """Exact float64 BM25Okapi of each candidate, summed in query-token order like rank_bm25.get_scores."""
-    out_qc = np.full(cand_qc.shape, -np.inf)
-    for i in range(cand_qc.shape[0]):
-        for j in range(cand_qc.shape[1]):
-            d = cand_qc[i, j]
-            if d < 0:
-                continue
-            dl = float(len_d[d])
-            s = 0.0
-            for p in range(q_ptr[i], q_ptr[i + 1]):
-                t = q_ids[p]
-                lo, hi = indptr_v[t], indptr_v[t + 1]
-                pos = lo + np.searchsorted(doc_z[lo:hi], d)
-                if pos < hi and doc_z[pos] == d:
-                    f = float(tf_z[pos])
-                    s += idf_v[t] * (f * (k1 + 1.0) / (f + k1 * (1.0 - b + b * dl / avgdl)))
-            out_qc[i, j] = s
-    return out_qc
+def max_impacts(indptr_v, score_z):
+    """The largest stored score of each term: the bound on what its postings can add, for pruning."""
+    n_v = len(indptr_v) - 1
+    out_v = np.zeros(n_v, dtype=np.float32)
+    for t in range(n_v):
+        m = np.float32(0)
+        for p in range(indptr_v[t], indptr_v[t + 1]):
+            if score_z[p] > m:
+                m = score_z[p]
+        out_v[t] = m
+    return out_v

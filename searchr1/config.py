@@ -90,13 +90,15 @@ class BM25Config:
     epsilon: float = 0.25  # rank_bm25's floor for negative idf, as a fraction of the mean idf
     stopwords: str = "none"  # none | en
     max_query_words: int = 64
-    rerank_depth: int = 16  # bm25s: float32 candidates per query, rescored exactly (float64) to give top_k
+    # bm25s: the kernel rescores exactly (float64) every candidate that float32 rounding leaves in reach of the
+    # top_k, and at least this many of the best (results never depend on it; 0: just those in reach)
+    rerank_depth: int = 0
     threads: int = 0  # bm25s: threads for a batch of queries; 0 = every CPU this process may use
 
     def __post_init__(self):
         _one_of("retriever.bm25.stopwords", self.stopwords, {"none", "en"})
-        _positive(self, "retriever.bm25", "k1", "max_query_words", "rerank_depth")
-        _positive(self, "retriever.bm25", "epsilon", "threads", strict=False)
+        _positive(self, "retriever.bm25", "k1", "max_query_words")
+        _positive(self, "retriever.bm25", "epsilon", "threads", "rerank_depth", strict=False)
         _check(0 <= self.b <= 1, "retriever.bm25.b", self.b, "must be in [0, 1]")
 
 
@@ -273,10 +275,15 @@ class SyncConfig:
     method: str = "delta"  # delta | full
     bucket_mb: int = 64  # bounds the memory of one broadcast
     verify: bool = True  # every rollout rank checks a digest of each updated tensor
+    # sync=delta's record format (searchr1/weightsync/codec.py): gap8 (byte gaps, raw values, ~3.3 B per changed
+    # element); rice (Rice/Exp-Golomb gaps, values coded against the old value: ~1.3-2.1 B); rice_classes (also
+    # positions per class of old value: ~0.9-1.3 B, but each receiver reads every element of a window it applies)
+    codec: str = "gap8"
 
     def __post_init__(self):
         _one_of("sync.method", self.method, {"delta", "full"})
         _positive(self, "sync", "bucket_mb")
+        _one_of("sync.codec", self.codec, {"gap8", "rice", "rice_classes"})
 
 
 @dataclass

@@ -1,43 +1,38 @@
 """BM25 retrieval that lives inside each rollout process.
 
 A separate retriever service stalled rollouts while they held GPUs, so every rollout rank holds its own index,
-built once per corpus and cached on disk (`load_or_build`), memory-mapped where the backend allows.
+built once per corpus and cached on disk (searchr1/index_cache.py), memory-mapped where the backend allows.
 
 Two backends behind `Index`:
 - `rank_bm25`: rank_bm25's BM25Okapi itself, the reference (exact, slow: a Python pass per passage and term).
 - `bm25s`: the index is bm25s's: its sparse CSC arrays of precomputed (term, passage) scores, its save/load and
   memory-mapped load. What is ours: the matrix is built here (vectorised numpy) with BM25Okapi's idf (negative idf
   floored to epsilon * mean idf), which none of bm25s's idf variants is, and ATIRE term weighting, which is
-  BM25Okapi's; the query kernel (searchr1/bm25.py) is ours too: bm25s's numba retrieval compiles for ~20 s in
-  every process and cannot be cached, this one is cached on disk, weights a repeated query word instead of
-  scanning it twice, and breaks ties by passage id. It sums float32, so it proposes `rerank_depth` candidates and
-  these are rescored in float64 with the very expression rank_bm25 evaluates: the returned scores are
-  rank_bm25's, bit for bit.
+  BM25Okapi's; the query kernel (searchr1/bm25.py: top_k_exact) is ours too: bm25s's numba retrieval compiles
+  for ~20 s in every process and cannot be cached, this one is cached on disk, weights a repeated query word
+  instead of scanning it twice, breaks ties by passage id, and skips postings (exact dynamic pruning: once no
+  unseen passage can reach the k-th score, common words only update the candidates). It sums float32 with
+  bounds that allow for float32 rounding, and rescores in float64, with the very expression rank_bm25
+  evaluates, every candidate that could be in the top k: the returned passages and scores are rank_bm25's,
+  bit for bit.
 Both order hits by (score desc, passage id asc) and drop passages that score 0 (they share no term with the query).
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
-import json
 import logging
 import os
 import pickle
 import re
-import shutil
 import sys
-import tempfile
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from searchr1 import bm25
+from searchr1 import bm25, bm25_topk
 from searchr1.config import RetrieverConfig
 
 log = logging.getLogger(__name__)
@@ -46,15 +41,15 @@ FORMAT_VERSION = 1
 TOKENIZER_NAME = "lower-alnum-v1"
 _WORD_RE = re.compile(r"[^\W_]+")  # runs of Unicode letters and digits: "Beyoncé" stays one word
 NO_RESULTS = "No documents matched this query. Try different search terms."
-_MANIFEST = "manifest.json"
 
 
 class IndexCorrupt(RuntimeError):
     """A saved index that cannot be served: missing, damaged, or built for another corpus or settings."""
 
 
-@dataclass(frozen=True)
-class Passage:
+class Passage(NamedTuple):
+    """One hit (immutable; a named tuple because a batch builds thousands, ~5x faster than a frozen dataclass)."""
+
     pid: int
     title: str
     text: str
@@ -204,6 +199,7 @@ class BM25sIndex(Index):
         self.bm, self.tf_z, self.len_d, self.idf_v = bm, tf_z, len_d, idf_v
         self.avgdl = int(len_d.sum()) / len(len_d)  # rank_bm25: total tokens / passages, a Python float
         self.vocab = bm.vocab_dict
+        self._maxv = None
         self._pool, self._pool_size = None, 0
 
     @classmethod
@@ -229,29 +225,26 @@ class BM25sIndex(Index):
         return cls(passages, cfg, bm, tf_z.astype(tf_dtype), len_d.astype(np.int32), idf_v)
 
     def _top_k(self, tokens, k):
-        ids = [[self.vocab[w] for w in q if w in self.vocab] for q in tokens]
+        get = self.vocab.get
+        ids = [[get(w, -1) for w in q] for q in tokens]  # unknown words: -1, which the kernel skips
         live = [i for i, q in enumerate(ids) if q]
         out: list[list[tuple[int, float]]] = [[] for _ in tokens]
         if not live:
             return out
-        depth = min(max(k, self.cfg.bm25.rerank_depth), len(self.passages))
+        if self._maxv is None:  # each term's largest score: the bound that lets the kernel skip postings
+            self._maxv = bm25.max_impacts(self.bm.scores["indptr"], self.bm.scores["data"])
         threads = min(self.cfg.bm25.threads or len(os.sched_getaffinity(0)), len(live))
         s = self.bm.scores
 
         def run(chunk):
-            counts = [Counter(ids[i]) for i in chunk]  # a repeated word is scanned once, weighted by its count
-            q_ptr = np.cumsum([0] + [len(c) for c in counts], dtype=np.int64)
-            q_term = np.array([t for c in counts for t in c], dtype=np.int64)
-            q_mult = np.array([m for c in counts for m in c.values()], dtype=np.float32)
-            cand_qc = bm25.scan_top(q_ptr, q_term, q_mult, s["indptr"], s["indices"], s["data"],
-                                    len(self.passages), depth)
             q_ptr = np.cumsum([0] + [len(ids[i]) for i in chunk], dtype=np.int64)
-            q_ids = np.array([t for i in chunk for t in ids[i]], dtype=np.int64)
-            exact_qc = bm25.rescore_exact(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], self.tf_z,
-                                          self.len_d, self.idf_v, float(self.cfg.bm25.k1), float(self.cfg.bm25.b),
-                                          self.avgdl)
+            q_ids = np.fromiter((t for i in chunk for t in ids[i]), dtype=np.int64, count=int(q_ptr[-1]))
+            b = self.cfg.bm25
+            pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, s["indptr"], s["indices"], s["data"], self._maxv,
+                                                self.tf_z, self.len_d, self.idf_v, float(b.k1), float(b.b),
+                                                self.avgdl, k, b.rerank_depth)
             for row, i in enumerate(chunk):
-                out[i] = _rank(cand_qc[row], exact_qc[row], k)
+                out[i] = [(p, sc) for p, sc in zip(pid_qk[row].tolist(), score_qk[row].tolist()) if p >= 0]
 
         if threads == 1:
             run(live)
@@ -296,96 +289,6 @@ def build_index(passages: list[dict], cfg: RetrieverConfig) -> Index:
     """Index `passages` (dicts with 'title' and 'text') in memory with the backend `cfg.name`."""
     _check_passages(passages)
     return _backend(cfg).build(passages, cfg)
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def save_index(index: Index, path: str, corpus_sha256: str | None = None) -> None:
-    """Write `index` into the new or empty folder `path` with a manifest of every file's size and sha256."""
-    os.makedirs(path, exist_ok=True)
-    extra = index.save(path)
-    files = {n: {"size": os.path.getsize(os.path.join(path, n)), "sha256": _sha256_file(os.path.join(path, n))}
-             for n in sorted(os.listdir(path)) if n != _MANIFEST}
-    manifest = {"settings": _settings(index.cfg), "corpus_sha256": corpus_sha256 or corpus_hash(index.passages),
-                "passages": len(index.passages), "files": files, **extra}
-    with open(os.path.join(path, _MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
-
-
-def load_index(path: str, passages: list[dict], cfg: RetrieverConfig, corpus_sha256: str | None = None) -> Index:
-    """Load a saved index after checking it was built for this corpus and these settings and is intact;
-    raise IndexCorrupt otherwise."""
-    try:
-        with open(os.path.join(path, _MANIFEST)) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
-        raise IndexCorrupt(f"{path}/{_MANIFEST}: unreadable ({e})") from e
-    want = {"settings": _settings(cfg), "corpus_sha256": corpus_sha256 or corpus_hash(passages)}
-    for key, value in want.items():
-        if manifest.get(key) != value:
-            raise IndexCorrupt(f"{path}: built with {key}={manifest.get(key)!r}, need {value!r}")
-    files = manifest.get("files")
-    present = set(os.listdir(path)) - {_MANIFEST}
-    if not isinstance(files, dict) or set(files) != present:
-        raise IndexCorrupt(f"{path}: files {sorted(present)} differ from the manifest's list")
-    for name, meta in files.items():
-        fp = os.path.join(path, name)
-        if not isinstance(meta, dict) or os.path.getsize(fp) != meta.get("size") or _sha256_file(fp) != meta.get(
-                "sha256"):
-            raise IndexCorrupt(f"{fp}: damaged (size/sha256 differ from the manifest)")
-    return _backend(cfg).load(path, passages, cfg, manifest)
-
-
-@contextmanager
-def _locked(path: str):
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def load_or_build(passages: list[dict], cfg: RetrieverConfig, cache_dir: str | None = None) -> Index:
-    """The index for `passages`, from the cache when an intact one exists, else built and cached.
-
-    The cache folder is keyed by corpus hash and settings. Ranks that start together take a file lock, so one
-    builds while the others wait and then memory-map its result; the build is written to a temporary folder and
-    renamed into place, so a crash never leaves a half-written index under the final name."""
-    _check_passages(passages)
-    root = os.path.expanduser(cache_dir or cfg.cache_dir)
-    os.makedirs(root, exist_ok=True)
-    sha = corpus_hash(passages)
-    key = hashlib.sha256(json.dumps([sha, _settings(cfg)], sort_keys=True).encode()).hexdigest()[:24]
-    final = os.path.join(root, f"{cfg.name}-{key}")
-    with _locked(final + ".lock"):
-        if os.path.isdir(final):
-            try:
-                index = load_index(final, passages, cfg, sha)
-                log.info("retrieval: loaded %s index of %d passages from %s", cfg.name, len(passages), final)
-                return index
-            except IndexCorrupt as e:
-                log.warning("retrieval: cached index rejected, rebuilding: %s", e)
-                trash = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.bad-", dir=root)
-                os.rename(final, os.path.join(trash, "index"))
-                shutil.rmtree(trash, ignore_errors=True)
-        t0 = time.perf_counter()
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=root)
-        try:
-            save_index(build_index(passages, cfg), tmp, sha)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        log.info("retrieval: built %s index of %d passages in %.1f s into %s", cfg.name, len(passages),
-                 time.perf_counter() - t0, final)
-        return load_index(final, passages, cfg, sha)
 
 
 def make_retrieve(index: Index, tokenizer, cfg: RetrieverConfig) -> Callable[[list[str]], list[str]]:

@@ -41,6 +41,7 @@ def test_production_and_cpu_experiments():
     ("algo.group_size=1", "algo.group_size=1"),
     ("cluster.trainer_ranks=20", "cluster.trainer_ranks=20"),
     ("sync.method=sometimes", "sync.method='sometimes'"),
+    ("sync.codec=zstd", "sync.codec='zstd'"),
     ("retriever.top_k=0", "retriever.top_k=0"),
 ])
 def test_out_of_range_values_name_the_key(override, needle):

@@ -21,9 +21,9 @@ TINY_B = ModelConfig(name="tiny", source="tiny",
 PROMPTS = [[1, 22, 333, 4444, 5555, 66], [7, 88, 999]]
 
 
-def _teacher_forced(model, prompt, gen_ids):
+def _teacher_forced(model, prompt, gen_ids, temperature=1.0):
     with torch.no_grad():
-        logp = model(torch.tensor([prompt + gen_ids])).logits[0].float().log_softmax(-1)
+        logp = (model(torch.tensor([prompt + gen_ids])).logits[0].float() / temperature).log_softmax(-1)
     return [logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(gen_ids)]
 
 
@@ -37,11 +37,11 @@ def hf_ref():
     return load_model(TINY)[0]
 
 
-def test_hf_logprobs_are_temperature_one_model_logprobs(hf_engine, hf_ref):
+def test_hf_logprobs_are_those_of_the_sampling_temperature(hf_engine, hf_ref):
     gens = hf_engine.generate(PROMPTS, Sampling(temperature=0.7, max_new_tokens=6, seed=3))
     for p, g in zip(PROMPTS, gens):
         assert len(g.token_ids) == 6 and g.finish_reason == "length"
-        assert g.logprobs == pytest.approx(_teacher_forced(hf_ref, p, g.token_ids), abs=2e-2)
+        assert g.logprobs == pytest.approx(_teacher_forced(hf_ref, p, g.token_ids, 0.7), abs=2e-2)
 
 
 def test_hf_seeds_differ_per_row_and_reproduce(hf_engine):

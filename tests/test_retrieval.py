@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from searchr1 import bm25
+from searchr1 import bm25, bm25_topk
+from searchr1 import index_cache as C
 from searchr1 import retrieval as R
 from searchr1.config import BM25Config, DataConfig, ModelConfig, RetrieverConfig
 from searchr1.data import load_splits
@@ -92,11 +93,11 @@ def test_bad_passages_are_named():
 def test_cache_round_trip_loads_memory_mapped(tmp_path, real, backend):
     passages, queries = real
     cfg = cfg_for(backend)
-    built = R.load_or_build(passages, cfg, str(tmp_path))
+    built = C.load_or_build(passages, cfg, str(tmp_path))
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     manifest = (folder / "manifest.json").read_text()
     assert '"stopwords": "none"' in manifest and R.TOKENIZER_NAME in manifest  # the tokenizer is recorded
-    again = R.load_or_build(passages, cfg, str(tmp_path))
+    again = C.load_or_build(passages, cfg, str(tmp_path))
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == [folder]
     if backend == "bm25s":
         assert isinstance(again.bm.scores["data"], np.memmap)
@@ -106,36 +107,36 @@ def test_cache_round_trip_loads_memory_mapped(tmp_path, real, backend):
 def test_corrupt_cache_is_rebuilt_never_served(tmp_path, real, caplog):
     passages, queries = real
     cfg = cfg_for("bm25s")
-    good = R.load_or_build(passages, cfg, str(tmp_path)).search(queries)
+    good = C.load_or_build(passages, cfg, str(tmp_path)).search(queries)
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     data = folder / "data.csc.index.npy"
     raw = bytearray(data.read_bytes())
     raw[-5] ^= 0xFF  # one flipped bit pattern deep in the scores: same size, wrong content
     data.write_bytes(bytes(raw))
     with pytest.raises(R.IndexCorrupt, match="damaged"):
-        R.load_index(str(folder), passages, cfg)
+        C.load_index(str(folder), passages, cfg)
     with caplog.at_level(logging.WARNING, logger="searchr1.retrieval"):
-        assert R.load_or_build(passages, cfg, str(tmp_path)).search(queries) == good
+        assert C.load_or_build(passages, cfg, str(tmp_path)).search(queries) == good
     assert "rebuilding" in caplog.text
     (folder / "idf.npy").unlink()
     with pytest.raises(R.IndexCorrupt, match="differ from the manifest's list"):
-        R.load_index(str(folder), passages, cfg)
+        C.load_index(str(folder), passages, cfg)
     (folder / "manifest.json").write_text("{not json")
     with pytest.raises(R.IndexCorrupt, match="unreadable"):
-        R.load_index(str(folder), passages, cfg)
-    assert R.load_or_build(passages, cfg, str(tmp_path)).search(queries) == good
+        C.load_index(str(folder), passages, cfg)
+    assert C.load_or_build(passages, cfg, str(tmp_path)).search(queries) == good
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left
 
 
 def test_cache_for_other_corpus_or_settings_is_not_served(tmp_path):
     cfg = cfg_for("bm25s")
-    R.save_index(R.build_index(SMALL, cfg), str(tmp_path / "ix"))
+    C.save_index(R.build_index(SMALL, cfg), str(tmp_path / "ix"))
     with pytest.raises(R.IndexCorrupt, match="corpus_sha256"):
-        R.load_index(str(tmp_path / "ix"), SMALL[:-1] + [{"title": "x", "text": "y"}], cfg)
+        C.load_index(str(tmp_path / "ix"), SMALL[:-1] + [{"title": "x", "text": "y"}], cfg)
     with pytest.raises(R.IndexCorrupt, match="settings"):
-        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, bm25=dataclasses.replace(cfg.bm25, k1=1.2)))
+        C.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, bm25=dataclasses.replace(cfg.bm25, k1=1.2)))
     with pytest.raises(R.IndexCorrupt, match="settings"):
-        R.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, bm25=dataclasses.replace(cfg.bm25, stopwords="en")))
+        C.load_index(str(tmp_path / "ix"), SMALL, dataclasses.replace(cfg, bm25=dataclasses.replace(cfg.bm25, stopwords="en")))
 
 
 def test_concurrent_callers_share_one_build(tmp_path, real):
@@ -145,7 +146,7 @@ def test_concurrent_callers_share_one_build(tmp_path, real):
 
     def rank():
         try:
-            results.append(R.load_or_build(passages, cfg, str(tmp_path)).search(queries[:5]))
+            results.append(C.load_or_build(passages, cfg, str(tmp_path)).search(queries[:5]))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -196,24 +197,70 @@ def test_okapi_idf_floors_negative_idf_at_epsilon_times_mean():
     assert np.allclose(idf_v, [raw[0], 0.25 * (raw[0] + raw[1]) / 2])
 
 
-def test_term_doc_counts_and_scan_top_break_ties_by_passage():
+def _kernel_index(passages, cfg):
+    """The arrays top_k_exact takes, from a built bm25s index."""
+    ix = R.build_index(passages, cfg)
+    sc = ix.bm.scores
+    return ix, (sc["indptr"], sc["indices"], sc["data"], bm25.max_impacts(sc["indptr"], sc["data"]), ix.tf_z,
+                ix.len_d, ix.idf_v, cfg.bm25.k1, cfg.bm25.b, ix.avgdl)
+
+
+def test_term_doc_counts_and_top_k_exact_break_ties_by_passage():
     vocab, tok_n, len_d = bm25.count_tokens([["a", "b", "a"], ["b"], ["a"], []], 4)
     assert vocab == {"a": 0, "b": 1} and list(len_d) == [3, 1, 1, 0]
     term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, len(vocab))
     assert list(zip(term_z, doc_z, tf_z)) == [(0, 0, 2), (0, 2, 1), (1, 0, 1), (1, 1, 1)]
     assert list(indptr_v) == [0, 2, 4]
-    score_z = np.array([1.0, 0.5, 0.5, 0.5], dtype=np.float32)  # passages 1 and 2 tie at 0.5 for "a b"
-    q_ptr, q_term, q_mult = np.array([0, 2]), np.array([0, 1]), np.array([1.0, 1.0], dtype=np.float32)
-    cand_qc = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 2)
-    assert sorted(cand_qc[0].tolist()) == [0, 1]  # 0 scores 1.5; 1 and 2 tie at 0.5: the lower id stays
-    assert bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 4)[0].tolist().count(-1) == 1
+    ix, arrays = _kernel_index(SMALL, cfg_for("bm25s"))
+    cat, sleeps = ix.vocab["cat"], ix.vocab["sleeps"]
+    q_ptr, q_ids = np.array([0, 2, 3]), np.array([cat, sleeps, -1])  # -1: a word the index does not know
+    for k in (1, 2, 3, 5):
+        pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, *arrays, k, 0)
+        assert pid_qk[0, :2].tolist() == [2, 3][:k] and score_qk[0, 0] == score_qk[0, min(k, 2) - 1]  # a tie
+        assert (pid_qk[0, 2:] == -1).all() and (pid_qk[1] == -1).all()  # only passages that share a word
 
 
-def test_scan_top_same_answer_whether_it_tracks_touched_passages_or_scans_all():
-    _, tok_n, len_d = bm25.count_tokens([["a", "b", "a"], ["b"], ["a"], ["c"]], 4)
-    term_z, doc_z, tf_z, indptr_v = bm25.term_doc_counts(tok_n, len_d, 3)
-    score_z = np.array([1.0, 0.5, 0.5, 0.5, 2.0], dtype=np.float32)
-    q_ptr, q_term, q_mult = np.array([0, 2, 3]), np.array([0, 1, 2]), np.array([1.0, 2.0, 1.0], dtype=np.float32)
-    dense = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 4, 2)  # most passages hit: full scan
-    few = bm25.scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, 400, 2)  # 396 empty passages: a list
-    assert [sorted(r) for r in dense.tolist()] == [sorted(r) for r in few.tolist()] == [[0, 1], [-1, 3]]
+@pytest.fixture(scope="module")
+def shipped():
+    return load_splits(DataConfig(), root=ROOT).corpus
+
+
+def _odd_queries(passages) -> list[str]:
+    """Queries of the shapes retrieval gets wrong most easily: repeated words, stop words only, one common word,
+    unknown words among known ones, numbers, accents, and queries at the max_query_words cut."""
+    g = np.random.default_rng(0)
+    words = [w for p in passages[:300] for w in R.tokenize(p["text"])]
+    out = ["the the the", "of", "in the", "what is the", "1 2 3 2019", "Beyoncé Beyonce", "zzqx the",
+           "the " * 40 + "paris", "who who who was was the first"]
+    for _ in range(40):
+        n = int(g.integers(1, 70))
+        out.append(" ".join(words[int(i)] for i in g.integers(0, len(words), n)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def okapi_case(shipped):
+    """2,500 shipped passages, odd and title queries, and rank_bm25's scores of every passage for each."""
+    passages = shipped[:2500]
+    cfg = cfg_for("bm25s")
+    okapi = BM25Okapi([R.tokenize(p["title"] + "\n" + p["text"]) for p in passages], k1=1.5, b=0.75, epsilon=0.25)
+    queries = _odd_queries(passages) + [p["title"] for p in passages[::97]]
+    toks = [R.tokenize(q)[:cfg.bm25.max_query_words] for q in queries]
+    scores = [okapi.get_scores(t) if t else np.zeros(len(passages)) for t in toks]
+    return passages, cfg, queries, toks, scores
+
+
+@pytest.mark.parametrize("check_len", [1, 10**9])  # a checkpoint before every list / never: pruning on, off
+def test_top_k_exact_is_rank_bm25_with_and_without_pruning(okapi_case, check_len):
+    passages, cfg, queries, toks, scores = okapi_case
+    ix, arrays = _kernel_index(passages, cfg)
+    ids = [[ix.vocab.get(w, -1) for w in t] for t in toks]
+    q_ptr = np.cumsum([0] + [len(x) for x in ids])
+    q_ids = np.array([t for x in ids for t in x] or [0])
+    for k in (1, 3, 7):
+        pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, *arrays, k, 0, check_len, 8, 4)
+        for i, sc in enumerate(scores):
+            want = [int(j) for j in np.lexsort((np.arange(len(sc)), -sc))[:k] if sc[j] > 0]
+            got = [int(p) for p in pid_qk[i] if p >= 0]
+            assert got == want, queries[i]
+            assert score_qk[i, :len(got)].tolist() == [sc[j] for j in want], queries[i]  # bit for bit

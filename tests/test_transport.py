@@ -1,5 +1,5 @@
 """Publisher -> 2 Subscribers over gloo on loopback (spawned processes): bit-exact over Adam-like steps,
-digest-mismatch repair, resync of a receiver that lost sync, and the sync=full baseline."""
+digest-mismatch repair, resync of a receiver that lost sync, and the sync=full baseline; with each codec."""
 import math
 import os
 import socket
@@ -26,9 +26,9 @@ def _trainer_weights(step: int) -> dict[str, torch.Tensor]:
     return {k: p.bfloat16().contiguous() for k, p in master.items()}
 
 
-def _worker(rank: int, world: int, port: int, plan: list[tuple[str, str, int]], q):
-    """Each (method, codec impl, steps) of `plan` with fresh endpoints: the first publication of each is a full
-    export. impl="torch" is the code path CUDA tensors take."""
+def _worker(rank: int, world: int, port: int, plan: list[tuple[str, str, int, str]], q):
+    """Each (method, codec impl, steps, codec) of `plan` with fresh endpoints: the first publication of each is a
+    full export. impl="torch" is the code path CUDA tensors take."""
     from searchr1.weightsync.transport import Publisher, Subscriber
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -37,9 +37,9 @@ def _worker(rank: int, world: int, port: int, plan: list[tuple[str, str, int]], 
     group = dist.new_group(list(range(world)))
     out = {}
     try:
-        for method, impl, steps in plan:
-            cfg = SyncConfig(method=method, bucket_mb=1, verify=True)
-            out[f"{method}_{impl}"] = runs = []
+        for method, impl, steps, fmt in plan:
+            cfg = SyncConfig(method=method, bucket_mb=1, verify=True, codec=fmt)
+            out[f"{method}_{impl}" + ("" if fmt == "gap8" else f"_{fmt}")] = runs = []
             if rank == 0:
                 pub = Publisher(group, cfg, "cpu", impl=impl)
                 for step in range(steps):
@@ -64,12 +64,15 @@ def _worker(rank: int, world: int, port: int, plan: list[tuple[str, str, int]], 
 
 @pytest.fixture(scope="module")
 def gloo_runs() -> dict[int, dict[str, list[dict]]]:
-    """One spawn of 1 publisher + 2 subscribers: 7 delta publications, 2 with sync=full, 3 delta on the torch path."""
+    """One spawn of 1 publisher + 2 subscribers: 7 delta publications, 2 with sync=full, 3 delta on the torch path;
+    then 7 with the rice codec (the same corruption and resync) and 3 rice_classes on the torch path."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     q = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_worker, args=(3, port, [("delta", "auto", 7), ("full", "auto", 2), ("delta", "torch", 3)], q), nprocs=3, join=True)
+    plan = [("delta", "auto", 7, "gap8"), ("full", "auto", 2, "gap8"), ("delta", "torch", 3, "gap8"),
+            ("delta", "auto", 7, "rice"), ("delta", "torch", 3, "rice_classes")]
+    mp.spawn(_worker, args=(3, port, plan, q), nprocs=3, join=True)
     return dict(q.get() for _ in range(3))
 
 
@@ -101,9 +104,20 @@ def test_full_method_sends_everything_each_time(gloo_runs):
 
 
 def test_torch_codec_path_over_gloo(gloo_runs):
-    pub = gloo_runs[0]["delta_torch"]
-    assert [m["sync/full"] for m in pub] == [1.0, 0.0, 0.0]
-    assert all(m["sync/mismatched"] == 0 and 0 < m["sync/changed_frac"] < 1 for m in pub[1:])
+    for key in ("delta_torch", "delta_torch_rice_classes"):
+        pub = gloo_runs[0][key]
+        assert [m["sync/full"] for m in pub] == [1.0, 0.0, 0.0]
+        assert all(m["sync/mismatched"] == 0 and 0 < m["sync/changed_frac"] < 1 for m in pub[1:])
+
+
+def test_rice_codec_repairs_resyncs_and_sends_fewer_bytes(gloo_runs):
+    res = {r: out["delta_auto_rice"] for r, out in gloo_runs.items()}
+    pub, gap8 = res[0], gloo_runs[0]["delta_auto"]
+    assert [m["sync/full"] for m in pub] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert pub[3]["sync/mismatched"] == 1.0 and pub[3]["sync/repaired"] == 1.0  # the corrupted receiver
+    assert res[1][3]["sync/repaired"] == 1.0 and res[2][3]["sync/repaired"] == 0.0
+    for m, g in zip(pub[1:3] + pub[4:5], gap8[1:3] + gap8[4:5]):
+        assert m["sync/changed"] == g["sync/changed"] and m["sync/bytes"] < 0.75 * g["sync/bytes"]
 
 def _engine_worker(rank: int, world: int, port: int, steps: int, q):
     from searchr1.config import ModelConfig
@@ -172,14 +186,14 @@ def test_delta_frames_into_vllm_weight_views_fused_layout():
     bit-exact over AdamW steps and reach generation. Frames are applied in-process: the gloo path is the same
     apply_frame call, tested above."""
     pytest.importorskip("vllm")
-    from searchr1.config import ModelConfig, RolloutConfig, TinyModelConfig
+    from searchr1.config import EngineConfig, ModelConfig, TinyModelConfig
     from searchr1.engines import make_engine
     from searchr1.engines.base import Sampling
     from searchr1.models import load_model
-    from searchr1.weightsync import codec
+    from searchr1.weightsync import codec, stream
 
     tiny = ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1))
-    engine = make_engine(tiny, RolloutConfig(engine="vllm", max_context_tokens=256, max_new_tokens=8), "cpu")
+    engine = make_engine(tiny, EngineConfig(name="vllm", compute_dtype="float32"), 256, "cpu")
     views = engine.weight_views()
     torch.manual_seed(0)
     master, _ = load_model(tiny, dtype=torch.float32)
@@ -198,9 +212,9 @@ def test_delta_frames_into_vllm_weight_views_fused_layout():
         opt.zero_grad()
         weights = {k: p.detach().bfloat16().contiguous() for k, p in master.named_parameters()}
         new = [codec.bits(weights[k]) for k in names]
-        stats = codec.StreamStats.empty(len(names))
+        stats = stream.StreamStats.empty(len(names))
         full = set(range(len(names))) if step == 0 else set()
-        for last in codec.encode_stream(new, published, range(len(names)), full, writer, window, scratch, stats):
+        for last in stream.encode_stream(new, published, range(len(names)), full, writer, window, scratch, stats):
             records, used, _, _ = codec.parse_header(writer.header(last, len(names)))
             codec.apply_frame(records, writer.bucket[:used], targets, names=names)
             writer.reset()

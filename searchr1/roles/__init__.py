@@ -37,7 +37,7 @@ def prepare(cfg: Config, run_dir: Path) -> None:
     (exported outside torch.distributed: transformers 5 writes a model's weights only on rank 0 of a world),
     the BM25 index, and the delta codec's compiled kernel."""
     from searchr1 import models
-    from searchr1.retrieval import load_or_build
+    from searchr1.index_cache import load_or_build
     from searchr1.weightsync import kernel
 
     setup_logging("prepare")
@@ -45,7 +45,8 @@ def prepare(cfg: Config, run_dir: Path) -> None:
     models.model_dir(cfg.model)
     if cfg.agent.search:
         load_or_build(load_splits(cfg.data, REPO_ROOT).corpus, cfg.retriever)
-    kernel.load()
+    if cfg.sync.method == "delta":
+        kernel.prepare()  # built here once (logged), never inside the first weight publication
 
 
 def run_rank(cfg: Config, run_dir: Path) -> None:

@@ -3,7 +3,7 @@
 Wire format of one publication: a stream of frames. Each frame is one bucket of bytes plus an int64 header of
 records; each record covers one window (a run of at most `window` elements) of one tensor:
 
-    [tensor_id, kind, start, n, count, n_esc]      kind: DELTA or FULL
+    [tensor_id, kind, start, n, count, n_esc]      kind: DELTA, FULL or RICE (n_esc: its payload bytes)
 
 A DELTA record's payload is `n_esc` int32 escapes, `count` bf16 values, `count` uint8 gaps (padded to 4 bytes).
 Changes are found by comparing bits (int16 views), so -0.0 vs 0.0, NaN payloads and subnormals are all exact.
@@ -11,6 +11,10 @@ Positions are coded as gaps from the previous change (the first from start-1): a
 larger one is a 0 byte plus an int32 escape, so indices cost ~1 byte instead of 4 at realistic sparsity. A window
 never exceeds 2^31-1 elements, so escapes always fit int32 (parameters over 2^31 elements are chunked).
 A FULL record's payload is the window's raw bf16 bits: chosen whenever the delta would be larger.
+A RICE record (sync.codec=rice or rice_classes; rice.py describes it) codes gaps with Rice or Exp-Golomb codes
+and values as bit-pattern differences Rice-coded in the context of the old value (rice_classes also codes
+positions per class of old value): ~1-2 bytes per change instead of ~3. Its windows are smaller (`window_size`)
+so that its encode scratch stays within one bucket. Receivers decode whatever kinds arrive.
 
 The digest of a tensor is (sum u_i, sum u_i * i) over its uint16 bit patterns u_i, mod 2^64: it is additive over
 windows (so the encoder computes it in the same pass as the compare), catches any single or pairwise corruption
@@ -21,19 +25,34 @@ copy, digest); CUDA and CPUs without a compiler use the torch path, which produc
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 import torch
 
-from searchr1.weightsync.kernel import load as kernel
+from searchr1.weightsync import rice
 
-DELTA, FULL = 1, 2
+log = logging.getLogger(__name__)
+
+DELTA, FULL, RICE = 1, 2, 3
+# sync.codec: gap8 sends DELTA records; rice and rice_classes send RICE records (rice_classes also codes
+# positions per class of old values: fewer bytes, but a receiver reads every element of a window it applies)
+FORMATS = ("gap8", "rice", "rice_classes")
 REC = 6  # int64 fields per record
 HEAD = 5  # [n_records, payload_bytes, last, n_tensors, digest_rows]
 # Records per frame: bounds a receiver's header buffer; a 3B model's ~430 tensors fit one frame.
 MAX_RECORDS = 1024
 INDEX_LIMIT = 2**31 - 1
+RICE_SCRATCH = 4  # rice encode scratch bytes per window element: the record (< 2) and its streams (< 2)
+
+
+def kernel():
+    """The C++ kernel, or None (imported on first use, so that `python -m searchr1.weightsync.kernel` runs
+    the module once)."""
+    from searchr1.weightsync import kernel as k
+
+    return k.load()
 
 
 def _use_kernel(t: torch.Tensor, impl: str) -> bool:
@@ -86,12 +105,18 @@ def add_digest(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     return tuple(((x + y + 2**63) % 2**64) - 2**63 for x, y in zip(a, b))
 
 
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"codec format {fmt!r}: must be one of {list(FORMATS)}")
+
+
 @dataclass
 class Scratch:
-    """Reusable encode buffers for windows of up to `window` elements on one device."""
+    """Reusable encode buffers for windows of up to `window` elements on one device, for format `fmt`."""
 
     window: int
     device: torch.device
+    fmt: str = "gap8"
     gaps_w: torch.Tensor = field(init=False)
     esc_w: torch.Tensor = field(init=False)
     vals_w: torch.Tensor = field(init=False)
@@ -99,9 +124,14 @@ class Scratch:
     def __post_init__(self):
         if not 0 < self.window <= INDEX_LIMIT:
             raise ValueError(f"window={self.window}: must be in [1, {INDEX_LIMIT}]")
-        self.gaps_w = torch.empty(self.window, dtype=torch.uint8, device=self.device)
-        self.esc_w = torch.empty(self.window // 256 + 1, dtype=torch.int32, device=self.device)
-        self.vals_w = torch.empty(self.window, dtype=torch.int16, device=self.device)
+        _check_format(self.fmt)
+        dev, w = self.device, self.window
+        if self.fmt == "gap8":
+            self.gaps_w = torch.empty(w, dtype=torch.uint8, device=dev)
+            self.esc_w = torch.empty(w // 256 + 1, dtype=torch.int32, device=dev)
+            self.vals_w = torch.empty(w, dtype=torch.int16, device=dev)
+        elif torch.device(dev).type == "cpu":  # the C++ path's record; the torch path allocates its own
+            self.words_w = torch.empty(w // 2 + 1, dtype=torch.int32)
 
 
 @dataclass
@@ -120,6 +150,17 @@ class WindowDelta:
 
 def _pad4(n: int) -> int:
     return (n + 3) & ~3
+
+
+@dataclass
+class RiceWindow:
+    count: int
+    words: Optional[torch.Tensor]  # int32 payload; None when not smaller than the window sent whole
+    digest: tuple[int, int]  # of the new window
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.words.numel() if self.words is not None else 1 << 62
 
 
 def encode_window(new_n: torch.Tensor, pub_n: torch.Tensor, scratch: Scratch, offset: int = 0,
@@ -171,6 +212,34 @@ def apply_window(dst_n: torch.Tensor, gaps: torch.Tensor, esc: torch.Tensor, val
     dst_n.index_put_((idx_c,), vals)
 
 
+def encode_window_rice(new_n: torch.Tensor, pub_n: torch.Tensor, scratch: Optional[Scratch], offset: int = 0,
+                       impl: str = "auto", classes: bool = False) -> RiceWindow:
+    """The RICE record of `new_n` against `pub_n` (int16 views of one window); `pub_n` becomes `new_n`.
+    `classes`: may code positions per class of old values (rice_classes)."""
+    n = new_n.numel()
+    if pub_n.numel() != n:
+        raise ValueError(f"window of {n} elements: published has {pub_n.numel()}")
+    max_words = max(0, full_window_nbytes(n) // 4 - 1)  # strictly smaller than sending the window whole
+    if _use_kernel(new_n, impl):
+        if scratch is None or scratch.fmt == "gap8" or n > scratch.window:
+            raise ValueError(f"rice encoding of {n} elements needs a rice scratch of at least that window")
+        count, used, s0, s1, _ = kernel().rice_encode(new_n, pub_n, scratch.words_w[:max_words], offset, classes)
+        return RiceWindow(count, scratch.words_w[:used] if count and used > 0 else None, (s0, s1))
+    dig = digest(new_n, offset, impl="torch")
+    count, words = rice.encode(new_n, pub_n, max_words, classes)
+    return RiceWindow(count, words, dig)
+
+
+def apply_rice(dst_n: torch.Tensor, words: torch.Tensor, count: int, impl: str = "auto") -> bool:
+    """Decode a RICE record into the int16 window `dst_n` in place. False: it did not decode consistently with
+    dst's values (this receiver does not hold the published copy); the digest check then repairs the tensor."""
+    if _use_kernel(dst_n, impl):
+        ok = kernel().rice_apply(dst_n, words, count) == 0
+        dst_n[:0].zero_()  # bump the version counter, as apply_window does
+        return ok
+    return rice.apply(dst_n, words, count)
+
+
 def windows(numel: int, window: int) -> Iterator[tuple[int, int]]:
     """(start, n) of each window of a tensor with `numel` elements (one empty window for an empty tensor)."""
     if numel == 0:
@@ -202,18 +271,26 @@ class FrameWriter:
         self.bucket[o:o + 2 * wd.count].view(torch.int16).copy_(wd.vals)
         o += 2 * wd.count
         self.bucket[o:o + wd.count].copy_(wd.gaps)
+        self.bucket[o + wd.count:self.used + wd.nbytes].zero_()  # padding: the same bytes on every send
         self.records.append([tid, DELTA, start, n, wd.count, wd.n_esc])
         self.used += wd.nbytes
+
+    def add_rice(self, tid: int, start: int, n: int, rw: RiceWindow) -> None:
+        size = rw.nbytes
+        self.bucket[self.used:self.used + size].view(torch.int32).copy_(rw.words)
+        self.records.append([tid, RICE, start, n, rw.count, size])
+        self.used += size
 
     def add_full(self, tid: int, start: int, src_n: torch.Tensor) -> None:
         n = src_n.numel()
         self.bucket[self.used:self.used + 2 * n].view(torch.int16).copy_(src_n)
+        self.bucket[self.used + 2 * n:self.used + _pad4(2 * n)].zero_()
         self.records.append([tid, FULL, start, n, n, 0])
         self.used += _pad4(2 * n)
 
-    def header(self, last: bool, n_tensors: int, digests: Optional[StreamStats] = None) -> torch.Tensor:
+    def header(self, last: bool, n_tensors: int, digests=None) -> torch.Tensor:
         """HEAD, the records, then (the last frame of a verified publication) [kind, s0, s1] per tensor:
-        O(records + tensors) int64s, and the digests travel without a broadcast of their own."""
+        O(records + tensors) int64s, and the digests (a stream.StreamStats) travel without a broadcast of their own."""
         flat = [v for rec in self.records for v in rec]
         rows = [] if digests is None else [v for k, d in zip(digests.kind, digests.digest) for v in (k, *d)]
         return torch.tensor([len(self.records), self.used, int(last), n_tensors, len(rows) // 3] + flat + rows,
@@ -251,6 +328,7 @@ def apply_frame(records: Sequence[Sequence[int]], payload: torch.Tensor, targets
     """Write a frame's records into `targets` (flat int16 views, indexed by tensor id). Returns the changed
     element count per tensor id that the frame touched."""
     touched: dict[int, int] = {}
+    inconsistent: list[str] = []
     o = 0
     for tid, kind, start, n, count, n_esc in records:
         label = names[tid] if names is not None and 0 <= tid < len(names) else f"tensor id {tid}"
@@ -273,74 +351,25 @@ def apply_frame(records: Sequence[Sequence[int]], payload: torch.Tensor, targets
             vals = payload[o + 4 * n_esc:o + 4 * n_esc + 2 * count].view(torch.int16)
             gaps = payload[o + 4 * n_esc + 2 * count:o + 4 * n_esc + 3 * count]
             apply_window(win, gaps, esc, vals, impl)
+        elif kind == RICE:
+            size = n_esc
+            if size < 4 * rice.HEAD or size % 4 or count < 0 or count > n or o + size > payload.numel():
+                raise ValueError(f"record for {label}: count={count}, bytes={size} do not fit the window or payload")
+            if not apply_rice(win, payload[o:o + size].view(torch.int32), count, impl):
+                inconsistent.append(label)
         else:
             raise ValueError(f"record for {label} has unknown kind {kind}")
         touched[tid] = touched.get(tid, 0) + count
         o += size
+    if inconsistent:
+        log.warning("rice records for %s did not decode consistently with this receiver's weights (it does not "
+                    "hold the published copy); the digest check flags them", sorted(set(inconsistent))[:5])
     return touched
 
 
-def window_size(bucket_bytes: int) -> int:
+def window_size(bucket_bytes: int, fmt: str = "gap8") -> int:
     """Largest window whose record always fits an empty bucket: a delta is only sent when not larger than the
-    full window (2 bytes per element)."""
-    return max(1, min(INDEX_LIMIT, (bucket_bytes - 4) // 2))
-
-
-@dataclass
-class StreamStats:
-    """Per tensor of one publication: changed elements, kind (0: unchanged, DELTA, FULL), digest of the new tensor."""
-
-    count: list[int]
-    kind: list[int]
-    digest: list[tuple[int, int]]
-
-    @classmethod
-    def empty(cls, n: int) -> "StreamStats":
-        return cls([0] * n, [0] * n, [(0, 0)] * n)
-
-    def updated(self) -> list[int]:
-        return [t for t, k in enumerate(self.kind) if k]
-
-
-def encode_stream(new: Sequence[torch.Tensor], pub: Optional[Sequence[torch.Tensor]], ids: Sequence[int],
-                  full_ids: set[int], writer: FrameWriter, window: int, scratch: Optional[Scratch],
-                  stats: StreamStats, impl: str = "auto") -> Iterator[bool]:
-    """Encode the tensors `ids` of `new` (flat int16 views) into `writer`, yielding whenever its bucket must go
-    out: False while more follows, True for the last frame; the caller sends the frame and resets the writer.
-    Ids in `full_ids` go whole; the others as deltas against `pub`, or whole per window where the delta would be
-    larger. `pub` (None: the caller keeps no published copy, so everything goes whole) ends equal to `new`;
-    `stats` is filled in for `ids`."""
-    for tid in ids:
-        new_n = new[tid]
-        whole = tid in full_ids or pub is None
-        if not whole and (scratch is None or scratch.window < window):
-            raise ValueError(f"delta encoding needs a scratch of at least {window} elements")
-        pub_n = None if pub is None else pub[tid]
-        if whole:
-            stats.kind[tid] = FULL
-        for start, n in windows(new_n.numel(), window):
-            new_w = new_n[start:start + n]
-            if whole:
-                if pub_n is not None:
-                    pub_n[start:start + n].copy_(new_w)
-                wd, dig, changed, size = None, digest(new_w, start, impl), n, full_window_nbytes(n)
-            else:
-                wd = encode_window(new_w, pub_n[start:start + n], scratch, start, impl)
-                dig, changed, size = wd.digest, wd.count, wd.nbytes
-                stats.digest[tid] = add_digest(stats.digest[tid], dig)
-                if changed == 0:
-                    continue
-                if size >= full_window_nbytes(n):
-                    wd, size = None, full_window_nbytes(n)
-                stats.kind[tid] = stats.kind[tid] or DELTA
-            if whole:
-                stats.digest[tid] = add_digest(stats.digest[tid], dig)
-            if not writer.fits(size):
-                yield False
-                writer.reset()
-            if wd is None:
-                writer.add_full(tid, start, new_w)
-            else:
-                writer.add_delta(tid, start, n, wd)
-            stats.count[tid] += changed
-    yield True
+    full window (2 bytes per element). rice: also small enough that its encode scratch fits one bucket."""
+    _check_format(fmt)
+    w = max(1, min(INDEX_LIMIT, (bucket_bytes - 4) // 2))
+    return w if fmt == "gap8" else max(1, min(w, bucket_bytes // RICE_SCRATCH))

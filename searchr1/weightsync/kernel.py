@@ -1,171 +1,290 @@
-"""The CPU kernel of the delta codec: C++ built once with torch.utils.cpp_extension.load_inline, then loaded
-from torch's extension cache (~25 s the first time on 2 cores, milliseconds after).
+"""The CPU kernel of the delta codec: C++ compiled once per installation, then imported in milliseconds.
 
-encode_window is one pass over the new and published int16 views: 32 elements per SIMD compare, a bit mask of
-the differences, and for each set bit a gap/value emitted and the published element overwritten; the digest
-of each 256-element block is summed while the block is in L1. apply_window walks the gaps and overwrites.
-Semantics are defined by the torch path in codec.py, which produces identical bytes (tested).
+Two record formats share one pass structure over the new and published int16 views: 32 elements per SIMD
+compare, a bit mask of the differences, and for each set bit the change emitted and the published element
+overwritten; the digest of each 256-element block is summed while the block is in L1.
+- gap8 (encode_window / apply_window): byte gaps, int32 escapes and raw values.
+- rice (rice_encode / rice_apply): one call per window samples the window (classes of old values, changes,
+  value symbols), chooses every parameter with integer arithmetic that rice.py mirrors exactly, then codes
+  each change straight into its bit streams during the pass; rice_apply walks the target's classes to turn
+  ranks back into indices. rice.py documents the layout.
+The digest of a full block uses int16 multiply-adds (exact: see digest256).
+Semantics are defined by the torch paths in codec.py and rice.py, which produce identical bytes (tested).
+
+Building: `prepare()` (also `python -m searchr1.weightsync.kernel`, run by `make install`) compiles the kernel
+into a directory keyed by the interpreter prefix (the venv), the Python and torch builds, this CPU's flags (the
+build uses -march=native) and the source, under a lock file naming its holder (pid, host, process start time):
+a holder that no longer runs on this host is dead and its lock is broken; a live one is waited for at most
+`wait_s`, after which the caller uses the torch path. A failed build is recorded, logged, and the torch path
+used; `load()` never retries a recorded failure (it runs inside the first weight publication, a collective),
+`prepare()` does.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import fcntl
+import functools
 import hashlib
+import importlib.util
+import json
 import logging
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
 
 log = logging.getLogger(__name__)
 
-_CPP = r"""
-#include <torch/extension.h>
-#include <algorithm>
-#include <cstdint>
-#include <vector>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+# The source lives beside this file (a C++ file reads and diffs as C++); its text is part of the build key.
+_CPP = (Path(__file__).parent / "kernel.cpp").read_text()
 
-namespace {
-constexpr int64_t kBlock = 256;  // u16 * (index in block) sums stay inside uint32
-
-struct Digest { uint64_t s0 = 0, s1 = 0; };
-
-inline void digest_block(const uint16_t* a, int64_t m, int64_t base, Digest& d) {
-  uint32_t bs = 0, bw = 0;
-  for (int64_t j = 0; j < m; ++j) { bs += a[j]; bw += uint32_t(a[j]) * uint32_t(j); }
-  d.s0 += bs;
-  d.s1 += uint64_t(base) * bs + bw;
-}
-
-// Bit j set where a[j] != p[j], j < 32.
-inline uint32_t diff_mask32(const int16_t* a, const int16_t* p) {
-#if defined(__SSE2__)
-  __m128i e[4];
-  for (int k = 0; k < 4; ++k)
-    e[k] = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i*)(a + 8 * k)), _mm_loadu_si128((const __m128i*)(p + 8 * k)));
-  uint32_t lo = uint32_t(_mm_movemask_epi8(_mm_packs_epi16(e[0], e[1])));
-  uint32_t hi = uint32_t(_mm_movemask_epi8(_mm_packs_epi16(e[2], e[3])));
-  return ~(lo | (hi << 16));
-#else
-  uint32_t m = 0;
-  for (int j = 0; j < 32; ++j) m |= uint32_t(a[j] != p[j]) << j;
-  return m;
-#endif
-}
-
-struct Emitter {
-  uint8_t* gaps; int32_t* esc; int16_t* vals;
-  int64_t count = 0, n_esc = 0, last = -1;
-  inline void emit(int64_t i, int16_t v) {
-    int64_t g = i - last;
-    last = i;
-    if (g < 256) { gaps[count] = uint8_t(g); } else { gaps[count] = 0; esc[n_esc++] = int32_t(g); }
-    vals[count++] = v;
-  }
-};
-
-void check(const torch::Tensor& t, const char* name, c10::ScalarType dt) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.scalar_type() == dt, name, " has dtype ", t.scalar_type(), ", expected ", dt);
-}
-}  // namespace
-
-std::vector<int64_t> encode_window(torch::Tensor nw, torch::Tensor pub, torch::Tensor gaps, torch::Tensor esc,
-                                   torch::Tensor vals, int64_t offset) {
-  check(nw, "new", torch::kInt16); check(pub, "published", torch::kInt16);
-  check(gaps, "gaps", torch::kUInt8); check(esc, "escapes", torch::kInt32); check(vals, "values", torch::kInt16);
-  const int64_t n = nw.numel();
-  TORCH_CHECK(pub.numel() == n, "published has ", pub.numel(), " elements, new has ", n);
-  TORCH_CHECK(n <= 2147483647LL, "window of ", n, " elements exceeds int32 indexing");
-  TORCH_CHECK(gaps.numel() >= n && vals.numel() >= n && esc.numel() >= n / 256 + 1, "scratch too small for ", n);
-  const int16_t* a = nw.data_ptr<int16_t>();
-  int16_t* p = pub.data_ptr<int16_t>();
-  Emitter em{gaps.data_ptr<uint8_t>(), esc.data_ptr<int32_t>(), vals.data_ptr<int16_t>()};
-  Digest d;
-  for (int64_t b = 0; b < n; b += kBlock) {
-    const int64_t m = std::min(kBlock, n - b);
-    digest_block(reinterpret_cast<const uint16_t*>(a + b), m, offset + b, d);
-    int64_t j = 0;
-    for (; j + 32 <= m; j += 32) {
-      uint32_t dm = diff_mask32(a + b + j, p + b + j);
-      while (dm) {
-        const int64_t i = b + j + __builtin_ctz(dm);
-        dm &= dm - 1;
-        em.emit(i, a[i]);
-        p[i] = a[i];
-      }
-    }
-    for (; j < m; ++j) {
-      const int64_t i = b + j;
-      if (a[i] != p[i]) { em.emit(i, a[i]); p[i] = a[i]; }
-    }
-  }
-  return {em.count, em.n_esc, int64_t(d.s0), int64_t(d.s1)};
-}
-
-void apply_window(torch::Tensor dst, torch::Tensor gaps, torch::Tensor esc, torch::Tensor vals) {
-  check(dst, "target", torch::kInt16); check(gaps, "gaps", torch::kUInt8);
-  check(esc, "escapes", torch::kInt32); check(vals, "values", torch::kInt16);
-  const int64_t n = dst.numel(), count = gaps.numel(), n_esc = esc.numel();
-  TORCH_CHECK(vals.numel() == count, "record has ", count, " gaps but ", vals.numel(), " values");
-  const uint8_t* g = gaps.data_ptr<uint8_t>();
-  const int32_t* e = esc.data_ptr<int32_t>();
-  const int16_t* v = vals.data_ptr<int16_t>();
-  int16_t* d = dst.data_ptr<int16_t>();
-  int64_t pos = -1, k = 0;
-  for (int64_t c = 0; c < count; ++c) {
-    int64_t step = g[c];
-    if (step == 0) {
-      TORCH_CHECK(k < n_esc, "record needs more than its ", n_esc, " escapes");
-      step = e[k++];
-      TORCH_CHECK(step > 0, "escape gap ", step, " is not positive");
-    }
-    pos += step;
-    TORCH_CHECK(pos < n, "change index ", pos, " is outside the window of ", n, " elements");
-    d[pos] = v[c];
-  }
-  TORCH_CHECK(k == n_esc, "record carries ", n_esc, " escapes but uses ", k);
-}
-
-std::vector<int64_t> digest(torch::Tensor x, int64_t offset) {
-  check(x, "tensor", torch::kInt16);
-  const uint16_t* a = reinterpret_cast<const uint16_t*>(x.data_ptr<int16_t>());
-  const int64_t n = x.numel();
-  Digest d;
-  for (int64_t b = 0; b < n; b += kBlock) digest_block(a + b, std::min(kBlock, n - b), offset + b, d);
-  return {int64_t(d.s0), int64_t(d.s1)};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("encode_window", &encode_window);
-  m.def("apply_window", &apply_window);
-  m.def("digest", &digest);
-}
-"""
+_CFLAGS = ["-O3", "-march=native"]
+# Seconds a process waits for another one's build before it gives up and uses the torch path. Builds take
+# ~25 s on 2 cores; a longer wait only happens when the holder lives on another host (liveness unknown).
+WAIT_S = 300.0
+POLL_S = 0.5
+ENV_DIR = "SEARCHR1_KERNEL_DIR"  # overrides the build root (e.g. a node-local disk)
 
 _kernel = None
 _kernel_failed = False
 
 
-def _cpu_tag() -> str:
-    # The build uses -march=native: key the cache by the CPU's flags so a shared home on a cluster of mixed
-    # nodes never loads a build with instructions this CPU lacks.
+def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
-        flags = ""
-    return hashlib.sha1((flags + _CPP).encode()).hexdigest()[:12]
+        return ""
+
+
+@functools.lru_cache(maxsize=None)
+def build_key() -> str:
+    """What the compiled file depends on: the interpreter prefix (the venv), Python and torch builds, this
+    CPU's flags (-march=native: a shared disk on a cluster of mixed nodes must never serve a build with
+    instructions this CPU lacks), the compile flags and the source."""
+    import torch
+
+    parts = [sys.prefix, sys.version, torch.__version__, str(getattr(torch.version, "git_version", "")),
+             _cpu_flags(), " ".join(_CFLAGS), _CPP]
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def build_root() -> Path:
+    """$SEARCHR1_KERNEL_DIR, else under the venv when it is writable, else under ~/.cache."""
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR])
+    in_venv = Path(sys.prefix) / "var" / "searchr1" / "kernels"
+    probe = next((p for p in [in_venv, *in_venv.parents] if p.exists()), None)
+    if probe is not None and os.access(probe, os.W_OK):
+        return in_venv
+    return Path.home() / ".cache" / "searchr1" / "kernels"
+
+
+def module_name() -> str:
+    return f"searchr1_codec_{build_key()}"
+
+
+# ---------------------------------------------------------------- the lock
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time in clock ticks since boot (/proc), which tells a reused pid from its holder."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _holder_alive(holder: dict) -> Optional[bool]:
+    """True/False for a holder on this host; None when it lives elsewhere (its liveness cannot be seen)."""
+    if holder.get("host") != socket.gethostname():
+        return None
+    pid = int(holder.get("pid", -1))
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    started = holder.get("started")
+    return started is None or _start_time(pid) in (None, started)
+
+
+def _read_holder(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable: treated as a dead holder on this host below
+
+
+@contextlib.contextmanager
+def _guard(path: Path):
+    """Serialises lock breaking: two waiters that both see a dead holder must not both delete (one would
+    delete the other's fresh lock)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _try_lock(path: Path) -> bool:
+    """Create the lock with its content in one step (link of a written file), so no reader sees it empty."""
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid())}
+    tmp = path.with_name(f"{path.name}.{me['host']}.{me['pid']}")
+    tmp.write_text(json.dumps(me))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def acquire(path: Path, wait_s: float, poll_s: float) -> bool:
+    """Take the build lock at `path`, breaking it when its holder is dead, waiting at most `wait_s` for a
+    live one. False: still held by a live (or remote) holder after the wait."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        if _try_lock(path):
+            return True
+        holder = _read_holder(path)
+        if holder is not None and (holder == {} or _holder_alive(holder) is False):
+            with _guard(path.with_name(path.name + ".guard")):
+                if _read_holder(path) == holder:
+                    log.warning("delta codec kernel: breaking the build lock %s left by %s (no longer running)",
+                                path, holder or "an unreadable holder")
+                    path.unlink(missing_ok=True)
+            continue
+        if time.monotonic() >= deadline:
+            return False
+        if not said:
+            log.info("delta codec kernel: waiting up to %.0f s for the build by %s", wait_s, holder)
+            said = True
+        time.sleep(poll_s)
+
+
+# ---------------------------------------------------------------- build and load
+
+def _compile(build_dir: Path, name: str):
+    from torch.utils.cpp_extension import load_inline
+
+    return load_inline(name=name, cpp_sources=[_CPP], functions=None, extra_cflags=_CFLAGS,
+                       build_directory=str(build_dir), verbose=False)
+
+
+def _load_built(build_dir: Path, name: str):
+    import torch  # noqa: F401 - the extension links against libtorch
+
+    # the file torch wrote (it appends _vN when one process compiles the same name twice)
+    so = json.loads((build_dir / "built.json").read_text())["file"]
+    spec = importlib.util.spec_from_file_location(Path(so).name.split(".")[0], build_dir / so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _clear(build_dir: Path, keep: set[str]) -> None:
+    """Remove what an interrupted build left (torch's own `lock` baton, objects, a partial .so)."""
+    for p in build_dir.iterdir():
+        if p.name in keep:
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _build(build_dir: Path, wait_s: float, poll_s: float, retry_failed: bool):
+    """The module from `build_dir`, building it there first if needed; None (logged) when it cannot be had."""
+    name = build_dir.name
+    done, failed = build_dir / "built.json", build_dir / "failed.json"
+    if done.exists():
+        try:
+            return _load_built(build_dir, name)
+        except Exception as e:  # noqa: BLE001 - a damaged build is rebuilt below
+            log.warning("delta codec kernel: cannot import %s (%s); rebuilding", build_dir, e)
+    if failed.exists() and not retry_failed:
+        log.warning("delta codec kernel: an earlier build failed (%s); using the torch path",
+                    failed.read_text().strip()[:300])
+        return None
+    build_dir.mkdir(parents=True, exist_ok=True)
+    lock = build_dir / "searchr1.lock"
+    if not acquire(lock, wait_s, poll_s):
+        log.warning("delta codec kernel: %s is still held after %.0f s; using the torch path", lock, wait_s)
+        return None
+    try:
+        if done.exists():  # built by the holder we waited for
+            return _load_built(build_dir, name)
+        if failed.exists() and not retry_failed:
+            return None
+        _clear(build_dir, keep={lock.name, lock.name + ".guard"})
+        log.info("building the delta codec kernel (once per installation) in %s ...", build_dir)
+        t0 = time.perf_counter()
+        try:
+            mod = _compile(build_dir, name)
+        except Exception as e:  # noqa: BLE001 - any build failure leaves the (identical) torch path
+            failed.write_text(f"{type(e).__name__}: {e}")
+            log.warning("delta codec kernel: build failed (%s: %s); using the torch path",
+                        type(e).__name__, str(e).strip()[-300:])
+            return None
+        done.write_text(json.dumps({"file": Path(mod.__file__).name, "seconds": round(time.perf_counter() - t0, 1)}))
+        log.info("delta codec kernel built in %.0f s", time.perf_counter() - t0)
+        return mod
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def prepare(root: Optional[str | Path] = None, wait_s: float = WAIT_S, poll_s: float = POLL_S) -> bool:
+    """Build (or load) the kernel now, before any rank starts publishing: True when it is usable. With the
+    default root the loaded module is the one the codec uses; a recorded failed build is retried."""
+    global _kernel, _kernel_failed
+    default = root is None
+    if default and _kernel is not None:
+        return True
+    build_dir = Path(root or build_root()) / module_name()
+    mod = _build(build_dir, wait_s, poll_s, retry_failed=True)
+    if default:
+        _kernel, _kernel_failed = mod, mod is None
+    return mod is not None
 
 
 def load():
-    """The compiled module, or None when it cannot be built here (no compiler): callers use the torch path."""
+    """The compiled module, or None when it cannot be had here: callers use the torch path. Inside a run this
+    normally only imports what `prepare()` built; it builds (once) when nothing was prepared."""
     global _kernel, _kernel_failed
     if _kernel is None and not _kernel_failed:
         try:
-            from torch.utils.cpp_extension import load_inline
-
-            _kernel = load_inline(name=f"searchr1_codec_{_cpu_tag()}", cpp_sources=[_CPP], functions=None,
-                                  extra_cflags=["-O3", "-march=native"], verbose=False)
-        except Exception as e:  # noqa: BLE001 - any build failure leaves the (identical) torch path
-            _kernel_failed = True
-            log.warning("delta codec C++ kernel unavailable (%s); using the torch path", e)
+            _kernel = _build(build_root() / module_name(), WAIT_S, POLL_S, retry_failed=False)
+        except Exception as e:  # noqa: BLE001 - e.g. an unwritable build root: the torch path still works
+            log.warning("delta codec kernel unavailable (%s); using the torch path", e)
+            _kernel = None
+        _kernel_failed = _kernel is None
     return _kernel
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description="Build the delta codec's C++ kernel for this installation.")
+    ap.add_argument("--wait-s", type=float, default=WAIT_S, help="wait this long for another process's build")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when the kernel cannot be built")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ok = prepare(wait_s=a.wait_s)
+    where = build_root() / module_name()
+    print(f"delta codec kernel: {'ready' if ok else 'unavailable, the torch path will be used'} ({where})")
+    return 0 if ok or not a.strict else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

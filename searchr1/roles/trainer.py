@@ -107,8 +107,8 @@ class TrainerRole:
             if self.pending[:1] == [start]:
                 self.rollouts.published(start, schedule)
         t_run = time.perf_counter()
+        t = metrics.PhaseTimer()
         for step in range(start, schedule.steps):
-            t = metrics.PhaseTimer()
             if step == schedule.warm > 0:
                 self.learner.restart(*schedule.stage_configs(step))  # RL begins: its objective, a fresh optimizer
             units = self._collect(step, schedule)
@@ -126,25 +126,17 @@ class TrainerRole:
                     pub_m = self.weights_out.publish(self.learner.bf16_weights(), version=step + 1)
                 if step + 1 in self.pending:
                     self.rollouts.published(step + 1, schedule)
+            if self.lead:
+                self._record(step, t, trajs, units, train_m, pub_m, schedule, t_run, start)
+            else:
+                self.channel.put(TIMES, t.close(), step=step, rank=self.topo.rank)
+            # After the step's line, so that a checkpoint never stands for a step whose record was lost (a resume
+            # starts after it); its seconds count in the next step's record.
+            t = metrics.PhaseTimer()
             if schedule.checkpoint_due(step + 1):
                 with t("checkpoint"):
                     checkpoint.save(self.run_dir, step + 1, self.learner, {"step": step + 1, "version": step + 1},
                                     cfg.keep_checkpoints)
-            if not self.lead:
-                self.channel.put(TIMES, t.close(), step=step, rank=self.topo.rank)
-                continue
-            self.rollouts.release(step)
-            self._drain_evals(block=False)
-            times = [t.close()] + [self.channel.get(TIMES, [self.topo.member(r)], delete=True, stoppable=False,
-                                                    step=step, rank=r)
-                                   for r in range(1, self.topo.n_trainer)] + self.rollouts.times(step)
-            rec = metrics.step_record(step, trajs, [u["metrics"] for u in units], train_m, pub_m, times,
-                                      self.topo.n_trainer)
-            rec.update(self.rollouts.stats())
-            if schedule.warm:
-                rec["stage"] = schedule.stage(step)
-            self.writer.log(rec)
-            self._progress(step, rec, t_run, start, schedule)
         if self.lead:
             self._drain_evals(block=True)
             self._finish()
@@ -155,6 +147,20 @@ class TrainerRole:
         else:
             self.channel.wait(DONE, [self.topo.member(0)], stoppable=False)
             self.channel.put(BYE, True, rank=self.topo.rank)
+
+    def _record(self, step, t, trajs, units, train_m, pub_m, schedule: Schedule, t_run: float, start: int) -> None:
+        self.rollouts.release(step)
+        self._drain_evals(block=False)
+        times = [t.close()] + [self.channel.get(TIMES, [self.topo.member(r)], delete=True, stoppable=False,
+                                                step=step, rank=r)
+                               for r in range(1, self.topo.n_trainer)] + self.rollouts.times(step)
+        rec = metrics.step_record(step, trajs, [u["metrics"] for u in units], train_m, pub_m, times,
+                                  self.topo.n_trainer)
+        rec.update(self.rollouts.stats())
+        if schedule.warm:
+            rec["stage"] = schedule.stage(step)
+        self.writer.log(rec)
+        self._progress(step, rec, t_run, start, schedule)
 
     def _collect(self, step: int, schedule: Schedule) -> list[dict] | None:
         """The step's units, in unit order (the same batch whichever process generated which unit); None when a

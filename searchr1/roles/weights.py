@@ -45,6 +45,9 @@ class WeightsIn:
             self.applied, self.next = self.next, self.next + 1
         return out
 
+    def close(self) -> None:
+        """Nothing runs in the background here."""
+
 
 class StagedIn:
     """Receives every publication as soon as it is announced, in a thread of its own, into a staging copy of
@@ -79,6 +82,11 @@ class StagedIn:
             with self.cond:
                 self.error = err
                 self.cond.notify_all()
+
+    def close(self) -> None:
+        """Wait for the receiving thread, which leaves once the trainer announced the end of the run (the caller
+        has seen DONE): a thread still inside a store call at interpreter exit aborts the process."""
+        self.thread.join()
 
     def received(self) -> int:
         """The newest version in staging (-1 before the first)."""

@@ -173,10 +173,12 @@ class SamplingConfig:
 class RewardConfig:
     name: str = "em"
     format_score: float = 0.0  # a well-formed answer that scores 0 earns this; 0 = pure EM, as in Search-R1
+    scale: float = 1.0  # multiplies the training reward (evaluation always scores EM): -1 is the flipped-sign control
 
     def __post_init__(self):
         _one_of("reward.name", self.name, registry.REWARDS)
         _check(0 <= self.format_score < 1, "reward.format_score", self.format_score, "must be in [0, 1)")
+        _check(self.scale != 0, "reward.scale", self.scale, "must be nonzero (0 leaves GRPO nothing to learn from)")
 
 
 @dataclass

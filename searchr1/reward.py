@@ -94,10 +94,10 @@ def _check_format_score(format_score: float) -> None:
                          "scores most")
 
 
-def make_score(name: str, format_score: float) -> Score:
-    """The reward `reward.name` selects (searchr1.registry.REWARDS), with its format score bound."""
+def make_score(name: str, format_score: float, scale: float = 1.0) -> Score:
+    """The reward `reward.name` selects (searchr1.registry.REWARDS), with its format score and scale bound."""
     from searchr1.registry import REWARDS, resolve
 
     fn = resolve(REWARDS, name, "reward.name")
     _check_format_score(format_score)
-    return lambda pred, golds, well_formed: fn(pred, golds, format_score, well_formed)
+    return lambda pred, golds, well_formed: scale * fn(pred, golds, format_score, well_formed)

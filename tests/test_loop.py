@@ -193,7 +193,7 @@ def test_resume_continues_the_step_counter(tmp_path):
     assert "resumed from" in (second / "logs" / "rank0.log").read_text()
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1])  # k=2 and more: the in-process schedule tests (test_protocol.py)
 def test_a_pipelined_run_lags_exactly_and_repeats_itself(tmp_path, k):
     """Pipelined: step s trains on data of version max(s - k, 0), recorded from the versions the trajectories
     carry; a deliberately slowed rollout rank makes the trainer wait, never train past the bound; the same

@@ -175,6 +175,9 @@ class FakeIn:
             self.log.append(self.applied)
         return {"sync/apply_s": 0.0, "sync/verify_s": 0.0}
 
+    def close(self):
+        pass
+
 
 @dataclass(frozen=True)
 class Q:

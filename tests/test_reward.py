@@ -65,6 +65,7 @@ def test_make_score_binds_the_reward_config():
     score = make_score("em", 0.1)
     assert (score("Paris", ["paris"], True), score("Lyon", ["paris"], True), score(None, ["paris"], True)) == (1.0, 0.1, 0.0)
     assert make_score("f1", 0.0)("new york city", ["new york"], True) == pytest.approx(0.8)
+    assert make_score("em", 0.0, -1.0)("Paris", ["paris"], True) == -1.0  # the flipped-sign control
     with pytest.raises(ValueError, match="reward.name"):
         make_score("bleu", 0.0)
 

@@ -38,7 +38,7 @@ class Worker:
         self.engine = make_engine(model or cfg.model, cfg.engine, cfg.agent.max_context_tokens, device,
                                   cfg.sampling.temperature or 1.0)
         self.retrieve = make_retrieve(self.index, self.engine.tokenizer, cfg.retriever) if self.index else None
-        self.score = make_score(cfg.reward.name, cfg.reward.format_score)
+        self.score = make_score(cfg.reward.name, cfg.reward.format_score, cfg.reward.scale)
         log.info("rollout worker ready: index of %d passages in %.1fs, %s engine in %.1fs",
                  len(splits.corpus), t1 - t0, cfg.engine.name, time.perf_counter() - t1)
 

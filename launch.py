@@ -3,7 +3,7 @@
     python launch.py +experiment=search_r1                  # Slurm, one heterogeneous job
     python launch.py +experiment=search_r1_cpu              # local processes (the embedded default)
     python launch.py +experiment=search_r1_cpu mode=eval    # held-out evaluation of the model or a checkpoint
-    python launch.py -m +experiment=search_r1 algo.lr=1e-6,2e-6   # one job per sweep point
+    python launch.py -m +experiment=search_r1 optim.lr=1e-6,2e-6   # one job per sweep point
     python launch.py +experiment=search_r1 --cfg job        # print the composed config
 
 This is the only file that touches Hydra; the library takes the plain `Config` dataclass.

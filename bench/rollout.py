@@ -2,7 +2,7 @@
 engine's raw generation on the same prompts, in one process, on one warm engine.
 
     python bench/rollout.py                                   # search_r1_cpu settings, vLLM engine
-    python bench/rollout.py rollout=hf bench.questions=4      # any Hydra override of conf/
+    python bench/rollout.py engine=hf bench.questions=4      # any Hydra override of conf/
 
 The raw pass is one `generate` call over the same chat-templated prompts (same sampling and per-turn token cap,
 no stop strings), i.e. what the engine does with no protocol at all. It runs before

@@ -2,7 +2,7 @@
 codecs, the production shape, and gloo broadcast.
 
 Two workloads, each a pair of bf16 snapshots (before, after one update):
- (a) real: one `searchr1.trainer.Trainer.step` (GRPO, AdamW at conf/algo/grpo.yaml's lr) on SmolLM2-135M-Instruct,
+ (a) real: one `searchr1.learner.Learner.step` (GRPO, AdamW at optim.lr) on SmolLM2-135M-Instruct,
      over on-policy trajectories built from HotpotQA questions (the prompt the agent uses, a gold-answer response,
      its log-probs recomputed by the model itself, random 0/1 rewards per group): a real optimizer step on a
      synthetic batch, not a rollout.
@@ -138,7 +138,7 @@ def real_pair(quick: bool):
     t0 = time.perf_counter()
     new = tr.bf16_weights()
     cast_s = time.perf_counter() - t0
-    info = {"label": "searchr1.trainer.Trainer.step (GRPO, AdamW) on synthetic on-policy trajectories",
+    info = {"label": "searchr1.learner.Learner.step (GRPO, AdamW) on synthetic on-policy trajectories",
             "lr": algo.lr, "trajectories": len(trajs), "loss": out["loss"], "grad_norm": out["grad_norm"],
             "train_step_s": step_s, "fp32_to_bf16_cast_s": cast_s}
     del tr

@@ -7,7 +7,7 @@ generated ids; log-probs are the engine's on those ids and 0.0 on inserted ones.
 
 Each turn stops at `</search>` or `</answer>` (or EOS). A trajectory may search `max_searches` times; the turn
 after the last allowed search is the final one. The text of one turn is parsed by these rules (names are what
-`Trajectory.malformed` and the `rollout/malformed/<rule>` metrics count):
+`Trajectory.malformed` and the `rollout/malformed_total/<rule>` metrics count):
 
 - answer: the turn closes `</answer>`: the prediction is the text after the last `<answer>` before it, stripped.
   The trajectory ends ("answer").
@@ -18,7 +18,7 @@ after the last allowed search is the final one. The text of one turn is parsed b
     - `multiple_search`: several `<search>` opened before the close: counted, the last one is the query.
     - `empty_query`: a blank query: counted; it uses up a search and the information block says so (the
       retriever is not called).
-    - `search_over_limit`: a search when no search is left (the final turn, or rollout.search=false): the
+    - `search_over_limit`: a search when no search is left (the final turn, or agent.search=false): the
       trajectory ends ("max_searches") without an answer.
 - `unopened_tag`: a `</search>` or `</answer>` with no opening tag before it: ends ("malformed"), no answer.
 - `unclosed_tag`: the turn ended (EOS or length) inside an open `<search>` or `<answer>`: ends, no answer.

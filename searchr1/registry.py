@@ -31,7 +31,6 @@ REWARDS = {
     "f1": "searchr1.reward:f1_reward",  # token F1 of the final answer: a denser signal for small models
 }
 PROMPTS = ("search_r1", "search_r1_example")  # searchr1/agent.py: the paper's instruction, or plus a worked example
-SOURCES = ("policy", "scripted")  # where a rollout's trajectories come from: sampled, or scripted (warm start)
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: bf16 where the device computes it fast (searchr1/placement.py)
 
 

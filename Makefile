@@ -37,12 +37,22 @@ bench: install
 	$(BIN)/python bench/weight_sync.py --quick
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1
 
-# The CPU reference runs in results/ (delta and full sync, otherwise identical), regenerated from scratch.
+# The CPU reference runs in results/, regenerated from scratch (~50 min here): the main job, its flipped-sign
+# control, and evaluations of its checkpoints without search and without the held-out questions' passages.
+REF := runs/reference
+CPU := +experiment=search_r1_cpu run_root=$(REF)
+END := $(REF)/main/checkpoints/step_000025
 results: install
-	for sync in delta full; do \
-	  $(BIN)/python launch.py +experiment=search_r1_cpu sync=$$sync run_root=runs/reference run_name=cpu_$$sync && \
-	  $(BIN)/python -m searchr1.rundir export $$(ls -d runs/reference/cpu_$$sync* | sort -V | tail -1) results/cpu_$$sync || exit 1; \
-	done
+	rm -rf $(REF)
+	$(BIN)/python launch.py $(CPU) run_name=main
+	$(BIN)/python launch.py $(CPU) run_name=flipped reward.scale=-1
+	$(BIN)/python launch.py $(CPU) run_name=end_nosearch mode=eval checkpoint=$(END) agent.max_searches=0
+	$(BIN)/python launch.py $(CPU) run_name=end_train_corpus mode=eval checkpoint=$(END) data.corpus_scope=train
+	rm -rf results/cpu_delta results/cpu_full
+	for r in main flipped end_nosearch end_train_corpus; do \
+	  $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
+	$(BIN)/python -m searchr1.stats results/cpu_main/predictions/step_000010.jsonl \
+	  results/cpu_main/predictions/step_000025.jsonl --json > results/cpu_main/rl_paired.json
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

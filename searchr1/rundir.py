@@ -82,7 +82,8 @@ def write_status(run_dir: Path, **fields) -> None:
     tmp.replace(path)
 
 
-LIGHT = ("config.yaml", "git.json", "data.json", "metrics.jsonl", "summary.json", "status.json", "submit.sbatch")
+LIGHT = ("config.yaml", "git.json", "data.json", "metrics.jsonl", "summary.json", "status.json", "submit.sbatch",
+         "predictions.jsonl", "eval_summary.json")  # the last two: a mode=eval run
 
 
 def export(run_dir: str | Path, dest: str | Path) -> Path:
@@ -101,6 +102,12 @@ def export(run_dir: str | Path, dest: str | Path) -> Path:
         shutil.copytree(run_dir / "predictions", dest / "predictions", dirs_exist_ok=True)
     (dest / "logs").mkdir(exist_ok=True)
     shutil.copy2(run_dir / "logs" / "rank0.log", dest / "logs" / "rank0.log")
+    if not (run_dir / "metrics.jsonl").exists():  # a mode=eval run: its summary is the whole story
+        summary = json.loads((run_dir / "eval_summary.json").read_text())
+        rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if not isinstance(v, (dict, list)))
+        (dest / "README.md").write_text(f"# {run_dir.name}\n\nHeld-out evaluation (`mode=eval`), "
+                                        f"`eval_summary.json`:\n\n| field | value |\n|---|---|\n{rows}\n")
+        return dest
     records = read_metrics(run_dir / "metrics.jsonl")
     (dest / "README.md").write_text(summary_markdown(load_config(run_dir), records, run_dir.name))
     return dest

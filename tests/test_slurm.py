@@ -143,6 +143,60 @@ def test_dry_run_writes_a_readable_het_script(tmp_path):
     assert subprocess.run(["bash", "-n", str(run_dir / "submit.sbatch")]).returncode == 0
 
 
+def test_elastic_rollouts_run_in_a_step_of_their_own(tmp_path):
+    """cluster.elastic.enabled: the same two het groups, but one srun step per group, each task told its
+    group's first task; a dead worker ends nothing (--kill-on-bad-exit=0); the trainers' step decides the job's
+    end. A job joining a run (`join=RUN_DIR`) is a plain job of one worker step, with no rendezvous port of its
+    own."""
+    from dataclasses import replace
+
+    from searchr1.cluster import job as jobs
+
+    cfg = make_cfg(tmp_path, cpus_per_task=3)
+    cfg.cluster.elastic.enabled = True
+    run_dir = tmp_path / "run"
+    text = batch_script(cfg, run_dir, jobs.training(cfg))
+    group0, group1, lines = _split(text)
+    assert "#SBATCH --ntasks=2" in group0 and "#SBATCH --ntasks=2" in group1
+    sruns = [line for line in lines if line.startswith("srun ")]
+    cmd = rank_command(sys.executable, run_dir)
+    assert len(sruns) == 2 and " : " not in text
+    assert sruns[0].startswith("srun --het-group=0 --kill-on-bad-exit=1 --nodes=1 --ntasks=2 ")
+    assert sruns[0].endswith(f"env SEARCHR1_FIRST_TASK=0 OMP_NUM_THREADS=3 MKL_NUM_THREADS=3 {cmd} &")
+    assert sruns[1].startswith("srun --het-group=1 --kill-on-bad-exit=0 --nodes=1 --ntasks=2 ")
+    assert sruns[1].endswith(f"env SEARCHR1_FIRST_TASK=2 OMP_NUM_THREADS=3 MKL_NUM_THREADS=3 {cmd} &")
+    assert "wait $trainers; rc=$?" in lines and "export MASTER_PORT" in lines
+    assert lines[-1] == f"exec {sys.executable} -m searchr1.cluster.batch finish {run_dir} $rc"
+    assert subprocess.run(["bash", "-n", "-c", text]).returncode == 0
+
+    joining = jobs.joining(replace(cfg, join=str(run_dir)))
+    text = batch_script(cfg, tmp_path / "join", joining)
+    lines = text.splitlines()
+    sruns = [line for line in lines if line.startswith("srun ")]
+    assert "hetjob" not in text and "--het-group" not in text and "MASTER_PORT" not in text
+    assert len(sruns) == 1 and sruns[0].startswith("srun --kill-on-bad-exit=0 --nodes=1 --ntasks=2 ")
+    assert "SEARCHR1_FIRST_TASK=0" in sruns[0] and not sruns[0].endswith("&")
+    assert subprocess.run(["bash", "-n", "-c", text]).returncode == 0
+
+
+def test_worker_env_finds_the_store(tmp_path):
+    from dataclasses import replace
+
+    from searchr1.cluster import job as jobs
+    from searchr1.cluster.task import worker_env
+
+    cfg = make_cfg(tmp_path, cpus_per_task=3)
+    cfg.cluster.elastic.enabled = True
+    env = worker_env(het_env(1), cfg.cluster, jobs.training(cfg), 1, tmp_path)
+    assert env == {"MASTER_ADDR": "node3", "MASTER_PORT": "20077", "SEARCHR1_WORKER_SLOT": "1",
+                   "SLURM_CPUS_PER_TASK": "3", "CUDA_VISIBLE_DEVICES": "1"}
+    joining = jobs.joining(replace(cfg, join=str(tmp_path)))
+    with pytest.raises(RuntimeError, match="no rendezvous.json"):
+        worker_env(het_env(0), cfg.cluster, joining, 0, tmp_path)
+    (tmp_path / "rendezvous.json").write_text(json.dumps({"host": "node0", "port": 20123}))
+    assert worker_env(het_env(0), cfg.cluster, joining, 0, tmp_path)["MASTER_ADDR"] == "node0"
+
+
 def test_task_binding_and_no_gpus(tmp_path):
     cfg = make_cfg(tmp_path, gpu_binding="task")
     group0, group1, _ = _split(batch_script(cfg, tmp_path / "run", toy_job("toy_join", cfg)))

@@ -4,12 +4,16 @@
     python -m searchr1.cluster.batch port RUN_DIR           prints a rendezvous port free on this node
     python -m searchr1.cluster.batch finish RUN_DIR RC      after srun returned RC
     python -m searchr1.cluster.batch finish RUN_DIR --prepare RC    after the preparation failed
+    python -m searchr1.cluster.batch finish RUN_DIR --rollouts RC   every elastic rollout worker was out of restarts
 
 `finish` reads how each task ended (searchr1/cluster/task.py) and writes the outcome into status.json:
 - every rank exited 0: COMPLETED;
 - a rank failed: FAILED, naming it (`failed_rank`, `failed_role`, `node`, `exit_code` or `signal`, `reason`:
   the last error line of its log). A rank killed by a signal is the cause; ranks that exited 1 in the same
   instant only saw their peer vanish. Otherwise the first rank to end;
+- elastic rollout workers (outside the world, exits/worker{slot}.{n}.json) decide nothing while trainers run;
+  every one of them failed out of restarts (`--rollouts`): FAILED, naming the first (`failed_task`). A job of
+  workers alone (`+join=RUN_DIR`) is COMPLETED when they left with the run;
 - the ranks stopped on a signal (exit 75, searchr1.liveness.EXIT_STOPPED: the trainers saved the completed
   steps): the job requeues itself (REQUEUED, `scontrol requeue`) while Slurm still has it RUNNING (a preemption
   in its grace time, `scancel --signal`); not when Slurm is ending it (a cancel: STOPPED, and the launcher
@@ -34,7 +38,7 @@ from searchr1.liveness import EXIT_STOPPED
 from searchr1.rundir import load_config, write_status
 
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"})  # what a run's status may end in
-FAILURE_FIELDS = ("failed_rank", "failed_role", "node", "exit_code", "signal", "reason")
+FAILURE_FIELDS = ("failed_rank", "failed_task", "failed_role", "node", "exit_code", "signal", "reason")
 TIME_LIMIT = f"SIG{STOP_SIGNAL}"
 BATCH_SIGNAL = "SEARCHR1_BATCH_SIGNAL"  # set by the batch script's trap when the batch shell itself is signalled
 
@@ -62,6 +66,7 @@ def describe(status: dict) -> str:
     """One line naming a failure from status.json's fields (the console's and batch.log's)."""
     how = f"was killed by {status['signal']}" if status.get("signal") else f"exited with code {status.get('exit_code')}"
     who = (f"rank {status['failed_rank']} ({status['failed_role']})" if status.get("failed_rank") is not None
+           else f"{status['failed_task']} ({status['failed_role']})" if status.get("failed_task")
            else status.get("failed_role") or "the job")
     where = f" on {status['node']}" if status.get("node") else ""
     return f"{who}{where} {how}: {status.get('reason') or '(no error line)'}"
@@ -96,10 +101,27 @@ def port(run_dir: Path) -> int:
     return 0
 
 
-def _ends(run_dir: Path, job_id: str, restart: str) -> list[dict]:
+def _ends(run_dir: Path, job_id: str, restart: str, kind: str = "rank") -> list[dict]:
     folder = exits_dir(run_dir, job_id, restart)
-    return sorted((json.loads(p.read_text()) for p in folder.glob("rank*.json")), key=lambda e: e["at"]) \
+    return sorted((json.loads(p.read_text()) for p in folder.glob(f"{kind}*.json")), key=lambda e: e["at"]) \
         if folder.is_dir() else []
+
+
+def _workers_failed(run_dir: Path, job_id: str, restart: str, rc: int) -> int:
+    """Every elastic rollout worker ended out of restarts: the first worker's last failure is named."""
+    last: dict[str, dict] = {}
+    for e in _ends(run_dir, job_id, restart, "worker"):
+        last[e["task"]] = e
+    failed = [e for e in last.values() if e["exit_code"] != 0]
+    if not failed:
+        return _failed(run_dir, {"failed_rank": None, "failed_role": "rollout", "node": None, "exit_code": rc,
+                                 "signal": None, "reason": _srun_errors(run_dir) or f"the workers' srun exited "
+                                 f"with {rc}"}, run_dir / "logs" / "batch.log", rc or 1)
+    e = _cause(failed)
+    log = run_dir / "logs" / f"{e['task']}.log"
+    return _failed(run_dir, {"failed_rank": None, "failed_task": e["task"], "failed_role": e["role"],
+                             "node": e["node"], "exit_code": e["exit_code"], "signal": e["signal"],
+                             "reason": last_error(log)}, log, rc or 1)
 
 
 def _stopped(end: dict) -> bool:
@@ -125,7 +147,7 @@ def _srun_errors(run_dir: Path) -> str:
     return "; ".join([x for x in lines if x.startswith("srun: error:")][-3:])
 
 
-def finish(run_dir: Path, rc: int, prepare: bool = False) -> int:
+def finish(run_dir: Path, rc: int, prepare: bool = False, rollouts: bool = False) -> int:
     run_dir = Path(run_dir)
     cfg = load_config(run_dir)
     job_id, restart = os.environ["SLURM_JOB_ID"], os.environ.get("SLURM_RESTART_COUNT", "0")
@@ -135,7 +157,11 @@ def finish(run_dir: Path, rc: int, prepare: bool = False) -> int:
         log = run_dir / "logs" / "prepare.log"
         return _failed(run_dir, {"failed_rank": None, "failed_role": "prepare", "node": host, "exit_code": rc,
                                  "signal": None, "reason": last_error(log)}, log, rc)
+    if rollouts:
+        return _workers_failed(run_dir, job_id, restart, rc)
     ends = _ends(run_dir, job_id, restart)
+    if job.world == 0:  # workers joining another run (`+join=RUN_DIR`)
+        return _joined(run_dir, job, job_id, restart, rc)
     stopped = [e for e in ends if _stopped(e)]
     # once a rank has stopped, a peer that exits with an error has only seen it leave (the store is gone)
     first_stop = min((e["at"] for e in stopped), default=float("inf"))
@@ -163,6 +189,18 @@ def finish(run_dir: Path, rc: int, prepare: bool = False) -> int:
     return _failed(run_dir, {"failed_rank": None, "failed_role": None, "node": None, "exit_code": rc,
                              "signal": None, "reason": _srun_errors(run_dir) or f"srun exited with {rc}"},
                    run_dir / "logs" / "batch.log", rc or 1)
+
+
+def _joined(run_dir: Path, job, job_id: str, restart: str, rc: int) -> int:
+    """A job of workers that joined another run: COMPLETED when they left with it (or after it ended)."""
+    from searchr1.cluster.task import run_over
+
+    workers = _ends(run_dir, job_id, restart, "worker")
+    if rc == 0 or (workers and run_over(Path(job.target))):
+        write_status(run_dir, state="COMPLETED", ended_at=_now(), target=str(job.target))
+        print(f"[batch] job {job_id}: the workers left with the run {job.target}", flush=True)
+        return 0
+    return _workers_failed(run_dir, job_id, restart, rc)
 
 
 def _failed(run_dir: Path, fields: dict, log: Path, code: int) -> int:
@@ -211,8 +249,8 @@ def main(argv: list[str]) -> int:
         return (start if argv[0] == "start" else port)(Path(argv[1]))
     if len(argv) == 3 and argv[0] == "finish":
         return finish(Path(argv[1]), int(argv[2]))
-    if len(argv) == 4 and argv[0] == "finish" and argv[2] == "--prepare":
-        return finish(Path(argv[1]), int(argv[3]), prepare=True)
+    if len(argv) == 4 and argv[0] == "finish" and argv[2] in ("--prepare", "--rollouts"):
+        return finish(Path(argv[1]), int(argv[3]), prepare=argv[2] == "--prepare", rollouts=argv[2] == "--rollouts")
     raise SystemExit(__doc__.split("\n\n")[1])
 
 

@@ -131,7 +131,8 @@ class HetSlurmExecutor(SlurmExecutor):
         return rank_command(self.python, self._run_dir)
 
     def _num_tasks(self) -> int:
-        return self._job.world
+        # ranks of the world write results; elastic workers do not (a job of workers alone: submitit's one job)
+        return max(self._job.world, 1)
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return render_script(self._cfg, self._run_dir, command, self._job)

@@ -89,11 +89,12 @@ def evaluation(cfg: Config) -> Job:
 
 
 def _cli(argv: list[str]) -> int:
-    """`python -m searchr1.cluster.job prepare RUN_DIR module:function`: a batch script's preparation step."""
+    """`python -m searchr1.cluster.job prepare RUN_DIR module:function`: a batch script's preparation step;
+    `... run RUN_DIR module:function`: an entry with the run's config (an elastic worker in a Slurm task)."""
     from searchr1.rundir import load_config
 
-    if len(argv) != 3 or argv[0] != "prepare":
-        raise SystemExit("usage: python -m searchr1.cluster.job prepare RUN_DIR module:function")
+    if len(argv) != 3 or argv[0] not in ("prepare", "run"):
+        raise SystemExit("usage: python -m searchr1.cluster.job prepare|run RUN_DIR module:function")
     run_dir = Path(argv[1])
     _resolve(argv[2])(load_config(run_dir), run_dir)
     return 0

@@ -6,7 +6,8 @@
   srun inherits no `--cpus-per-task` (a step would ask for 1 CPU per task) and sets no
   SLURM_CPUS_PER_TASK for het jobs, so each rank's thread count is written into its command from the request.
 - One srun step over every group (`cmd : cmd`): Slurm numbers all its tasks together (SLURM_PROCID, group 0
-  first), and `--kill-on-bad-exit=1` ends them all when one fails.
+  first), and `--kill-on-bad-exit=1` ends them all when one fails. With elastic rollouts (a group outside the
+  world), one step per group instead (`_elastic_steps`): a worker's death ends nothing, its task restarts it.
 - The job runs the code snapshot taken at submission (searchr1/cluster/snapshot.py), not the live checkout.
 - Around srun, the steps of searchr1/cluster/batch.py: `start` (status RUNNING), the job's preparation (caches
   built once), `port` (a rendezvous port checked free), and `finish` (names a failed rank; requeues a job
@@ -127,6 +128,8 @@ def render_script(cfg: Config, run_dir: Path, command: str, job: Job) -> str:
                   f"{py} -m searchr1.cluster.job prepare {q(run_dir)} {q(job.prepare)} "
                   f">> {q(logs / 'prepare.log')} 2>&1 || exec {py} -m searchr1.cluster.batch finish {q(run_dir)} "
                   "--prepare $?"]
+    if any(not g.in_world for g in job.groups):
+        return "\n".join(lines + _elastic_steps(cfg, run_dir, command, job, comps))
     steps = []
     for comp in comps:
         threads = s.cpus_per_task
@@ -142,6 +145,66 @@ def render_script(cfg: Config, run_dir: Path, command: str, job: Job) -> str:
               f"exec {py} -m searchr1.cluster.batch finish {q(run_dir)} $?",
               ""]
     return "\n".join(lines)
+
+
+WORKERS_GRACE_S = 10  # from the trainers' end to ending the workers that have not left by themselves
+ENDED_FILE = "trainers.ended"  # in a job's exits folder once its trainers' step has ended: no more restarts
+
+
+def _elastic_steps(cfg: Config, run_dir: Path, command: str, job: Job, comps: list[Component]) -> list[str]:
+    """Elastic rollouts (workers outside the world): one srun step per group, each task told its group's first
+    task (SEARCHR1_FIRST_TASK: SLURM_PROCID restarts at 0 in every step). The trainers' step decides the job's
+    end; a worker's death ends nothing (--kill-on-bad-exit=0): its task starts it again in place
+    (searchr1/cluster/task.py). A job of workers alone (`+join=RUN_DIR`) is one step that finds the run's store
+    through the run's rendezvous.json."""
+    s = cfg.cluster.slurm
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    py, threads = python_command(s), s.cpus_per_task
+
+    def step(comp: Component, kill: int) -> str:
+        group = [f"--het-group={comp.group}"] if len(comps) > 1 else []
+        return " ".join(["srun", *group, f"--kill-on-bad-exit={kill}", *_flags(request(cfg, comp)),
+                         f"env SEARCHR1_FIRST_TASK={comp.first_rank} OMP_NUM_THREADS={threads} "
+                         f"MKL_NUM_THREADS={threads} {command}"])
+
+    finish = f"{py} -m searchr1.cluster.batch finish {q(run_dir)}"
+    trainers = [c for c in comps if job.groups[c.group].in_world]
+    workers = [c for c in comps if not job.groups[c.group].in_world]
+    if not trainers:
+        return ["# rollout workers joining a running run: a task that dies is started again in place "
+                "(cluster.elastic.restarts);",
+                "# they leave when the run ends",
+                *(step(c, 0) + " &" for c in workers[:-1]), step(workers[-1], 0),
+                "# the workers' end (status.json)",
+                f"exec {finish} $?", ""]
+    ended = f"{q(run_dir / 'logs' / 'exits')}/${{SLURM_JOB_ID}}.${{SLURM_RESTART_COUNT:-0}}"
+    return ["# the rendezvous: a port free on this node, which runs rank 0 (cluster.slurm.port_range)",
+            f"MASTER_PORT=$({py} -m searchr1.cluster.batch port {q(run_dir)}) || exit 1",
+            "export MASTER_PORT",
+            "# elastic rollouts: the trainers' step (one task failing ends them all, and the job) and the rollout",
+            "# workers' step, outside the world: a worker that dies is started again in place",
+            "# (cluster.elastic.restarts) and ends nothing else",
+            *(step(c, 1) + " &" for c in trainers), "trainers=$!",
+            *(step(c, 0) + " &" for c in workers), "workers=$!",
+            "# the trainers' end is the job's; every worker out of restarts ends it too (nothing left to roll out)",
+            "while kill -0 $trainers 2>/dev/null; do",
+            "  if [ -n \"$workers\" ] && ! kill -0 $workers 2>/dev/null; then",
+            "    wait $workers; rc=$?; workers=",
+            f"    [ $rc -ne 0 ] && {{ kill -TERM $trainers; wait $trainers; exec {finish} --rollouts $rc; }}",
+            "  fi",
+            "  sleep 1",
+            "done",
+            "wait $trainers; rc=$?",
+            "# the run is over: no worker starts again; the live ones said goodbye to trainer 0 and leave by",
+            f"# themselves; those still there after {WORKERS_GRACE_S} s (or at once, after a failure) are ended",
+            f"mkdir -p {ended} && touch {ended}/{ENDED_FILE}",
+            "if [ -n \"$workers\" ]; then",
+            f"  [ $rc -eq 0 ] && for _ in $(seq {WORKERS_GRACE_S}); do kill -0 $workers 2>/dev/null || break; "
+            "sleep 1; done",
+            "  kill -TERM $workers 2>/dev/null; wait $workers",
+            "fi",
+            "# names a failed rank (status.json); requeues the job if its ranks stopped on a signal",
+            f"exec {finish} $rc", ""]
 
 
 def batch_script(cfg: Config, run_dir: Path, job: Job) -> str:

@@ -176,7 +176,8 @@ def submit(cfg: Config, run_dir: Path, job: Job, watch_s: int | None = None) -> 
                                       "cluster.slurm.snapshot=false runs the live checkout") from None
         (run_dir / SCRIPT_FILE).write_text(batch_script(cfg, run_dir, job))
         # every task reads the job's shape from here: written before the job can start
-        record(run_dir, job={"entry": job.entry, "prepare": job.prepare, "groups": [vars(g) for g in job.groups]},
+        record(run_dir, job={"entry": job.entry, "prepare": job.prepare, "target": str(Path(job.target).resolve()) if job.target else "",
+                             "groups": [vars(g) for g in job.groups]},
                components=[vars(c) for c in components(job)], script=SCRIPT_FILE)
         write_status(run_dir, backend="slurm", state="PENDING", submitted_at=_now())
         try:
@@ -221,7 +222,8 @@ def _conclude(run_dir: Path, job_id: str, slurm_state: str) -> int:
     line = f"[slurm] job {job_id}: {state}"
     if state == "FAILED":
         line += f": {describe(status)}\n  see " + str(run_dir / "logs" / (
-            f"rank{status['failed_rank']}.log" if status.get("failed_rank") is not None else "batch.log"))
+            f"rank{status['failed_rank']}.log" if status.get("failed_rank") is not None
+            else f"{status['failed_task']}.log" if status.get("failed_task") else "batch.log"))
     elif state != "COMPLETED" and status.get("reason"):
         line += f": {status['reason']}"
     print(line, file=sys.stdout if state == "COMPLETED" else sys.stderr, flush=True)

@@ -34,7 +34,7 @@ from typing import Mapping
 from searchr1.cluster.job import Group, Job
 from searchr1.cluster.script import STOP_SIGNAL, SUBMITIT_DIR
 from searchr1.config import ClusterConfig, Config
-from searchr1.liveness import STOP, Stopped
+from searchr1.liveness import EXIT_STOPPED, STOP, Stopped
 
 JOB_FILE = "slurm_job.json"  # written at submission: the job's shape, read by every task
 EXITS_DIR = "exits"  # under logs/
@@ -106,6 +106,11 @@ def rank_env(slurm: Mapping[str, str], cluster: ClusterConfig, job: Job) -> dict
            "MASTER_ADDR": first_host(nodes0), "MASTER_PORT": port,
            # Slurm 22.05 gives every task of a het step the last component's value: state the request
            "SLURM_CPUS_PER_TASK": str(cluster.slurm.cpus_per_task)}
+    env.update(_own_gpus(slurm, cluster, local))
+    return env
+
+
+def _own_gpus(slurm: Mapping[str, str], cluster: ClusterConfig, local: int) -> dict[str, str]:
     visible = slurm.get("CUDA_VISIBLE_DEVICES", "")
     if cluster.gpus > 0 and cluster.slurm.gpu_binding == "node" and visible:
         # the step gives each task all its node's GPUs (so NCCL may reach them); the rank uses its own
@@ -115,14 +120,35 @@ def rank_env(slurm: Mapping[str, str], cluster: ClusterConfig, job: Job) -> dict
         if len(mine) != n:
             raise RuntimeError(f"local rank {local} needs GPUs {local * n}-{(local + 1) * n - 1} of its node "
                                f"(cluster.slurm.gpus_per_task={n}); the step gives CUDA_VISIBLE_DEVICES={visible}")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
-    return env
+        return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+    return {}
+
+
+def worker_env(slurm: Mapping[str, str], cluster: ClusterConfig, job: Job, slot: int, target: Path) -> dict[str, str]:
+    """The environment of an elastic rollout worker (outside the world: no RANK, WORLD_SIZE, LOCAL_RANK), as the
+    local backend gives it: the run's store (trainer rank 0's MASTER_ADDR:MASTER_PORT; for a job joining
+    another run, that run's rendezvous.json, read anew at every start) and its slot (SEARCHR1_WORKER_SLOT)."""
+    if job.target:
+        try:
+            where = json.loads((Path(target) / "rendezvous.json").read_text())
+        except (OSError, ValueError) as err:
+            raise RuntimeError(f"join={target}: no rendezvous.json to join ({err}); is the run elastic and "
+                               "under way?") from None
+        addr, port = where["host"], str(where["port"])
+    else:
+        try:
+            addr, port = first_host(slurm["SLURM_JOB_NODELIST_HET_GROUP_0"]), slurm["MASTER_PORT"]
+        except KeyError as missing:
+            raise RuntimeError(f"not a task of the expected Slurm step: {missing} is not set") from None
+    local = int(slurm.get("SLURM_LOCALID", "0"))
+    return {"MASTER_ADDR": addr, "MASTER_PORT": port, "SEARCHR1_WORKER_SLOT": str(slot),
+            "SLURM_CPUS_PER_TASK": str(cluster.slurm.cpus_per_task), **_own_gpus(slurm, cluster, local)}
 
 
 def load_job(run_dir: Path) -> Job:
     """The job a run folder was submitted with (slurm_job.json, written before sbatch)."""
     j = json.loads((Path(run_dir) / JOB_FILE).read_text())["job"]
-    return Job(j["entry"], tuple(Group(**g) for g in j["groups"]), j.get("prepare", ""))
+    return Job(j["entry"], tuple(Group(**g) for g in j["groups"]), j.get("prepare", ""), j.get("target", ""))
 
 
 def exits_dir(run_dir: Path, job_id: str, restart: str) -> Path:
@@ -203,12 +229,28 @@ def _exit_like(code: int) -> int:
     return 128 - code
 
 
-def _record_end(run_dir: Path, job_id: str, restart: str, rank: int, **end) -> None:
+def _record_end(run_dir: Path, job_id: str, restart: str, rank: int | None, name: str = "", **end) -> None:
     out = exits_dir(run_dir, job_id, restart)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".rank{rank}.json.tmp"
+    name = name or f"rank{rank}"
+    tmp = out / f".{name}.json.tmp"
     tmp.write_text(json.dumps({"rank": rank, "at": time.time(), **end}) + "\n")
-    tmp.replace(out / f"rank{rank}.json")
+    tmp.replace(out / f"{name}.json")
+
+
+def run_over(target: Path) -> bool:
+    """Whether the run in `target` has ended (its trainers' step, or the job): a worker is not started again."""
+    try:
+        status = json.loads((Path(target) / "status.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if status.get("state") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "STOPPED", "REQUEUED", "REJECTED"):
+        return True
+    if status.get("job_id") is None:
+        return False
+    from searchr1.cluster.script import ENDED_FILE
+
+    return (exits_dir(target, str(status["job_id"]), str(status.get("restart", 0))) / ENDED_FILE).exists()
 
 
 def run(run_dir: Path) -> int:
@@ -216,12 +258,17 @@ def run(run_dir: Path) -> int:
 
     run_dir = Path(run_dir)
     cfg, job = load_config(run_dir), load_job(run_dir)
-    rank, node = int(os.environ["SLURM_PROCID"]), os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    # each group's step numbers its tasks from 0 (elastic rollouts: a step per group); one step over every
+    # group numbers them all together
+    rank = int(os.environ.get("SEARCHR1_FIRST_TASK", "0")) + int(os.environ["SLURM_PROCID"])
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     job_id, restart = os.environ["SLURM_JOB_ID"], os.environ.get("SLURM_RESTART_COUNT", "0")
-    role = job.role(rank) if rank < job.world else "(beyond the job)"
     got: list[str] = []
     for s in STOP_REASONS:
         signal.signal(s, lambda signum, frame: got.append(signal.Signals(signum).name))
+    if rank < job.tasks and not job.group(rank).in_world:
+        return _run_worker(run_dir, cfg, job, rank, node, job_id, restart, got)
+    role = job.role(rank) if rank < job.world else "(beyond the job)"
     with open(run_dir / "logs" / f"rank{rank}.log", "ab") as log:
         try:
             env = rank_env(os.environ, cfg.cluster, job)
@@ -240,6 +287,46 @@ def run(run_dir: Path) -> int:
     code = child.wait()
     _record_end(run_dir, job_id, restart, rank, role=role, node=node, pid=child.pid, stop_signals=got,
                 exit_code=code if code >= 0 else None, signal=signal.Signals(-code).name if code < 0 else None)
+    return _exit_like(code)
+
+
+def _run_worker(run_dir: Path, cfg: Config, job: Job, task: int, node: str, job_id: str, restart: str,
+                got: list[str]) -> int:
+    """An elastic rollout worker's task: its entry as a child (no submitit: it is no rank of the world and
+    returns nothing), started again in place when it dies (not on a stop signal, not once the run is over),
+    `Group.restarts` times. Every end is recorded (exits/worker{slot}.{n}.json), every start logged."""
+    slot = sum(1 for t in range(task) if not job.group(t).in_world)
+    group, name = job.group(task), f"worker{slot}"
+    target = Path(job.target) if job.target else run_dir
+    entry = group.entry or job.entry
+    n = 0
+    while True:
+        with open(run_dir / "logs" / f"{name}.log", "ab") as log:
+            try:
+                env = worker_env(os.environ, cfg.cluster, job, slot, target)
+            except RuntimeError as err:
+                log.write(f"[slurm] job {job_id} restart {restart}: {name} on {node}: RuntimeError: {err}\n".encode())
+                _record_end(run_dir, job_id, restart, None, f"{name}.{n}", role=group.role, task=name, node=node,
+                            pid=os.getpid(), stop_signals=got, exit_code=1, signal=None, start=n)
+                return 1
+            log.write(f"[slurm] job {job_id} restart {restart}: {name} ({group.role}, outside the world) on {node}, "
+                      f"start {n}, store {env['MASTER_ADDR']}:{env['MASTER_PORT']}, run {target}, "
+                      f"{os.environ.get('OMP_NUM_THREADS')} threads\n".encode())
+            log.flush()
+            env = {k: v for k, v in {**os.environ, **env}.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+            child = subprocess.Popen([sys.executable, "-u", "-m", "searchr1.cluster.job", "run", str(target), entry],
+                                     env=env, stdout=log, stderr=subprocess.STDOUT)
+        code = child.wait()
+        _record_end(run_dir, job_id, restart, None, f"{name}.{n}", role=group.role, task=name, node=node,
+                    pid=child.pid, stop_signals=got, start=n, exit_code=code if code >= 0 else None,
+                    signal=signal.Signals(-code).name if code < 0 else None)
+        how = f"exited {code}" if code >= 0 else f"was killed by {signal.Signals(-code).name}"
+        if code == 0 or got or code == EXIT_STOPPED or n >= group.restarts or run_over(target):
+            break
+        n += 1
+        stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+        with open(run_dir / "logs" / f"{name}.log", "ab") as log:
+            log.write(f"[slurm] {stamp} {name} {how}: started again in place ({n}/{group.restarts})\n".encode())
     return _exit_like(code)
 
 

@@ -112,13 +112,16 @@ class ElasticConfig:
     enabled: bool = False
     min_rollouts: int = 1  # below this many live workers a step waits for them (it does not fail)
     max_attempts: int = 3  # a unit whose every holder died this often is lost (counted, never replaced)
-    restarts: int = 3  # local backend: a dead rollout process is started again in place this often
+    restarts: int = 3  # a dead rollout process (local) or task (Slurm) is started again in place this often
+    # once the trainers ended: seconds a worker still there (frozen, restarting) gets before it is ended; live
+    # workers have already left by then (they said goodbye to trainer 0)
+    leave_grace_s: int = 10
     units_per_step: int = 0  # work units per step (and per evaluation); 0: one per rollout rank, as fixed
     full_every: int = 10  # a full weights file every this many versions: where a joining worker starts
 
     def __post_init__(self):
         _positive(self, "cluster.elastic", "min_rollouts", "max_attempts", "full_every")
-        _positive(self, "cluster.elastic", "restarts", "units_per_step", strict=False)
+        _positive(self, "cluster.elastic", "restarts", "units_per_step", "leave_grace_s", strict=False)
 
 
 @dataclass

@@ -147,7 +147,6 @@ def render_script(cfg: Config, run_dir: Path, command: str, job: Job) -> str:
     return "\n".join(lines)
 
 
-WORKERS_GRACE_S = 10  # from the trainers' end to ending the workers that have not left by themselves
 ENDED_FILE = "trainers.ended"  # in a job's exits folder once its trainers' step has ended: no more restarts
 
 
@@ -196,10 +195,11 @@ def _elastic_steps(cfg: Config, run_dir: Path, command: str, job: Job, comps: li
             "done",
             "wait $trainers; rc=$?",
             "# the run is over: no worker starts again; the live ones said goodbye to trainer 0 and leave by",
-            f"# themselves; those still there after {WORKERS_GRACE_S} s (or at once, after a failure) are ended",
+            f"# themselves; those still there after {cfg.cluster.elastic.leave_grace_s} s (cluster.elastic.leave_grace_s; "
+            "at once after a failure) are ended",
             f"mkdir -p {ended} && touch {ended}/{ENDED_FILE}",
             "if [ -n \"$workers\" ]; then",
-            f"  [ $rc -eq 0 ] && for _ in $(seq {WORKERS_GRACE_S}); do kill -0 $workers 2>/dev/null || break; "
+            f"  [ $rc -eq 0 ] && for _ in $(seq {cfg.cluster.elastic.leave_grace_s}); do kill -0 $workers 2>/dev/null || break; "
             "sleep 1; done",
             "  kill -TERM $workers 2>/dev/null; wait $workers",
             "fi",

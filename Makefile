@@ -51,8 +51,10 @@ results: install
 	rm -rf results/cpu_delta results/cpu_full
 	for r in main flipped end_nosearch end_train_corpus; do \
 	  $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
-	$(BIN)/python -m searchr1.stats results/cpu_main/predictions/step_000010.jsonl \
-	  results/cpu_main/predictions/step_000025.jsonl --json > results/cpu_main/rl_paired.json
+	for r in main flipped; do $(BIN)/python -m searchr1.stats results/cpu_$$r/predictions/step_000010.jsonl \
+	  results/cpu_$$r/predictions/step_000025.jsonl --json > results/cpu_$$r/rl_paired.json || exit 1; done
+	$(BIN)/python -m searchr1.stats results/cpu_end_nosearch/predictions.jsonl \
+	  results/cpu_main/predictions/step_000025.jsonl --json > results/cpu_main/search_vs_nosearch_paired.json
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

@@ -36,6 +36,7 @@ bench: install
 	$(BIN)/python bench/retrieval.py --quick
 	$(BIN)/python bench/weight_sync.py --quick
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1
+	$(BIN)/python bench/elastic.py --phase 6 --out results/bench/elastic_quick.json
 
 # The CPU reference runs in results/, regenerated from scratch (~50 min here): the main job, its flipped-sign
 # control, and evaluations of its checkpoints without search and without the held-out questions' passages.

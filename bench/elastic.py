@@ -54,6 +54,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase", type=int, default=12, help="steps per phase")
     ap.add_argument("--units", type=int, default=6, help="work units per step")
+    ap.add_argument("--unit-sleep", type=float, default=0.0,
+                    help="seconds every worker sleeps per unit, off this CPU: generation bound by a device of its "
+                         "own, as on a GPU cluster (0: generation on the 2 shared cores)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "elastic.json"))
     args = ap.parse_args()
     steps = 4 * args.phase
@@ -62,10 +65,12 @@ def main() -> None:
     env.pop("SEARCHR1_FAULTS", None)
     killed = root / "killed"  # created by the fault as it fires: the time of the death
     kill = f"rank=worker0,point=rollout,step={3 * args.phase},do=kill,once={killed}"
+    sleep = [f"rank=worker{i},point=rollout,do=sleep:{args.unit_sleep},times=1000000" for i in (0, 1)]
+    sleep = sleep if args.unit_sleep > 0 else []
     main_p = subprocess.Popen([sys.executable, "launch.py", *ELASTIC, f"run_root={root / 'run'}", f"steps={steps}",
                                "cluster.rollout_ranks=2", f"cluster.elastic.units_per_step={args.units}",
                                f"algo.questions_per_step={args.units}"],
-                              cwd=ROOT, env=dict(env, SEARCHR1_FAULTS=kill), stdout=subprocess.PIPE,
+                              cwd=ROOT, env=dict(env, SEARCHR1_FAULTS=";".join(sleep + [kill])), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     run = None
     for line in main_p.stdout:
@@ -75,7 +80,8 @@ def main() -> None:
     drain = subprocess.Popen(["cat"], stdin=main_p.stdout, stdout=subprocess.DEVNULL)  # keep its pipe flowing
     marks = {"join_asked": wait_for_step(run, args.phase, main_p)}
     join = subprocess.Popen([sys.executable, "launch.py", *ELASTIC, f"run_root={root / 'join'}", f"join={run}",
-                             "cluster.rollout_ranks=1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             "cluster.rollout_ranks=1"], cwd=ROOT, env=dict(env, SEARCHR1_FAULTS=";".join(sleep[:1])),
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     marks["leave_asked"] = wait_for_step(run, 2 * args.phase, main_p)
     join.send_signal(signal.SIGTERM)
@@ -94,7 +100,8 @@ def main() -> None:
         raise SystemExit(f"run ended with exit {rc} after {len(train)} of {steps} steps: see {run}/logs")
     phases = {"2 workers": train[1:args.phase], "3 workers": train[args.phase + 2:2 * args.phase],
               "2 workers again": train[2 * args.phase + 2:3 * args.phase]}  # the steps of a change left out
-    report = {"steps": steps, "units_per_step": args.units, "cpus": os.cpu_count(), "phases": {}}
+    report = {"steps": steps, "units_per_step": args.units, "unit_sleep_s": args.unit_sleep, "cpus": os.cpu_count(),
+              "phases": {}}
     for name, rows in phases.items():
         secs = sum(x[K.STEP_S] for x in rows)
         report["phases"][name] = {

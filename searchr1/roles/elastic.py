@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from searchr1 import faults
 from searchr1.config import Config
-from searchr1.liveness import Heartbeat, Liveness, MemberLost, post_failure
+from searchr1.liveness import Heartbeat, Liveness, MemberLost, Stopped, post_failure
 from searchr1.protocol import BYE, CLAIM, DONE, OPEN, RESULT, START, TASK, WEIGHTS, Channel, Unit, chunk
 from searchr1.rundir import progress
 
@@ -174,6 +176,18 @@ class ElasticWorker:
         self.heartbeat = Heartbeat(lambda: store, self.id, heartbeat_period_s).start()
         self.channel = Channel(store, Liveness(store, cfg.cluster.heartbeat_timeout_s), abort=(DONE,))
         self.schedule_factory = schedule_factory
+        self._replace_predecessor()
+
+    def _replace_predecessor(self) -> None:
+        """A process restarted in place (same parent: the local launcher or the Slurm task that restarts it)
+        proves its predecessor gone: say so, so that its tasks are re-issued now, not after heartbeat_timeout_s."""
+        if "SEARCHR1_WORKER_SLOT" not in os.environ:
+            return  # no slot to be restarted in
+        key = f"slots/{socket.gethostname()}/{os.getppid()}/{self.slot}"
+        if self.store.check([key]):
+            prev = self.store.get(key).decode()
+            post_failure(self.store, prev, f"{prev} ended: {self.id} was started in its place ({self.slot})")
+        self.store.set(key, self.id)
 
     def run(self) -> None:
         start = self.channel.get(START, ["rank0"])
@@ -228,6 +242,12 @@ def run_worker(cfg: Config, run_dir: Path) -> None:
     from searchr1.weightsync.files import FileSubscriber
 
     setup_logging(f"worker {os.environ.get('SEARCHR1_WORKER_SLOT', '?')}")
+
+    def leave(signum, frame):  # a worker asked to go (its launcher stopped): the trainers hear of it at once
+        raise Stopped(f"{signal.Signals(signum).name}: leaving the run")
+
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, leave)
     store = dist.connect_store(host=False)
     me = None
     try:
@@ -237,9 +257,12 @@ def run_worker(cfg: Config, run_dir: Path) -> None:
                            lambda start: make_schedule(cfg, start), cfg.cluster.heartbeat_period_s)
         me.run()
     except BaseException as err:
-        log.exception("rollout worker failed")
-        if me is not None:
-            post_failure(store, me.id, f"{type(err).__name__}: {err}")
+        if isinstance(err, Stopped):
+            log.info("rollout worker %s: %s", me.id if me else "(unregistered)", err.reason)
+        else:
+            log.exception("rollout worker failed")
+        if me is not None:  # its tasks are re-issued now (not after heartbeat_timeout_s)
+            post_failure(store, me.id, err.reason if isinstance(err, Stopped) else f"{type(err).__name__}: {err}")
         raise
 
 

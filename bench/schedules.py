@@ -123,14 +123,26 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--questions", type=int, default=200, help="held-out questions per evaluation")
+    ap.add_argument("--warm", help="start every run from this model folder (e.g. a run's checkpoints/step_N/model) "
+                                   "instead of making a warm start first")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    ap.add_argument("--equal-steps", action="store_true",
+                    help="every mode runs --steps steps (no equal-wall-time comparison past sync's end)")
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "schedules"))
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args()
     run_root, out = Path(args.run_root), Path(args.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}", "eval_before=false"]
-    warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals)
-    ckpt = sorted((warm / "checkpoints").glob("step_*"))[-1] / "model"
+    modes = args.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or "sync" not in modes:
+        raise SystemExit(f"--modes {args.modes}: unknown {unknown} (choose from {list(MODES)}; sync is the baseline)")
+    if args.warm:
+        ckpt = Path(args.warm)
+    else:
+        warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals)
+        ckpt = sorted((warm / "checkpoints").glob("step_*"))[-1] / "model"
     start = ["warm_start.steps=0", "model.source=hub", f"model.path={ckpt}", "model.name=warm", "eval_before=true"]
     results, runs = {}, {}
     sync = launch(run_root, f"sync-{stamp}", f"steps={args.steps}", *start, *evals)
@@ -138,9 +150,10 @@ def main() -> int:
     results["sync"] = summarize(sync, None)
     sync_step = results["sync"]["rl_wall_s"] / results["sync"]["steps"]
     for name, extra in MODES.items():
-        if name == "sync":
+        if name == "sync" or name not in modes:
             continue
-        steps = math.ceil(args.steps * 1.8)  # past sync's wall time at the speedup hoped for; equal steps read step N
+        # past sync's wall time at the speedup hoped for; equal steps read step N
+        steps = args.steps if args.equal_steps else math.ceil(args.steps * 1.8)
         runs[name] = launch(run_root, f"{name}-{stamp}", f"steps={steps}", *start, *evals, *extra)
         results[name] = summarize(runs[name], results["sync"]["rl_wall_s"])
         results[name]["speedup_steps_per_hour"] = results[name]["steps_per_hour"] / results["sync"]["steps_per_hour"]
@@ -156,8 +169,9 @@ def main() -> int:
     recs = [r for r in K.read_metrics(sync / "metrics.jsonl") if r[K.KIND] == K.TRAIN and r.get("stage") != "sft"]
     results["sync"]["phase_s"] = {"rollout": sum(r.get("time/rollout/rollout_s", 0.0) for r in recs) / len(recs),
                                   "train": sum(r.get("time/trainer/train_s", 0.0) for r in recs) / len(recs)}
-    report = {"steps": args.steps, "seconds_per_sync_step": sync_step, "runs": results,
-              "production_model": production_model(results["sync"], MODES)}
+    report = {"steps": args.steps, "start_model": str(ckpt), "equal_steps_only": args.equal_steps,
+              "seconds_per_sync_step": sync_step, "runs": results,
+              "production_model": production_model(results["sync"], [m for m in MODES if m in modes])}
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "schedules.json").write_text(json.dumps(report, indent=1) + "\n")
     from searchr1.rundir import export

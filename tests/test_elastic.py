@@ -29,8 +29,9 @@ def test_without_faults_an_elastic_run_is_the_golden_run(tmp_path):
     want = recorded("smoke")
     if want["fingerprint"] == fingerprint():
         assert differences(want, got) == []
-    r, fixed = launch(tmp_path / "fixed")
-    assert r.returncode == 0 and differences(signature(fixed), got) == []
+    else:  # another instruction set: the fixed world's run on this machine is the reference
+        r, fixed = launch(tmp_path / "fixed")
+        assert r.returncode == 0 and differences(signature(fixed), got) == []
     assert (run / "weights").is_dir() and json.loads((run / "rendezvous.json").read_text())["port"] > 0
 
 

@@ -182,17 +182,6 @@ def test_sigterm_to_the_launcher_ends_every_rank(tmp_path):
     assert leftovers.strip() == "", leftovers
 
 
-def test_resume_continues_the_step_counter(tmp_path):
-    first_root, second_root = tmp_path / "a", tmp_path / "b"
-    first_root.mkdir(), second_root.mkdir()
-    r, first = launch(first_root, "steps=2", "eval_before=false")
-    assert r.returncode == 0, r.stdout[-2000:]
-    r, second = launch(second_root, "steps=3", "eval_before=false", f"resume={first}")
-    assert r.returncode == 0, r.stdout[-2000:]
-    assert train_steps(second) == [3]
-    assert "resumed from" in (second / "logs" / "rank0.log").read_text()
-
-
 @pytest.mark.parametrize("k", [1])  # k=2 and more: the in-process schedule tests (test_protocol.py)
 def test_a_pipelined_run_lags_exactly_and_repeats_itself(tmp_path, k):
     """Pipelined: step s trains on data of version max(s - k, 0), recorded from the versions the trajectories

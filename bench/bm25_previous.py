@@ -13,39 +13,7 @@ import numba
 import numpy as np
 
 from searchr1 import retrieval
-
-
-@numba.njit(cache=True, nogil=True)
-def _heap_push_prev(hs, hd, n, s, d):
-    """Keep the best len(hs) (score, doc) pairs in a min-heap, ranking (score desc, doc asc); return its size."""
-    cap = hs.shape[0]
-    if n == cap:
-        if s < hs[0] or (s == hs[0] and d > hd[0]):
-            return n
-        i = 0  # replace the worst, sift down
-        while True:
-            c = 2 * i + 1
-            if c >= cap:
-                break
-            if c + 1 < cap and (hs[c + 1] < hs[c] or (hs[c + 1] == hs[c] and hd[c + 1] > hd[c])):
-                c += 1
-            if hs[c] < s or (hs[c] == s and hd[c] > d):
-                hs[i], hd[i] = hs[c], hd[c]
-                i = c
-            else:
-                break
-        hs[i], hd[i] = s, d
-        return n
-    i = n  # append, sift up
-    while i > 0:
-        par = (i - 1) // 2
-        if hs[par] > s or (hs[par] == s and hd[par] < d):
-            hs[i], hd[i] = hs[par], hd[par]
-            i = par
-        else:
-            break
-    hs[i], hd[i] = s, d
-    return n + 1
+from searchr1.bm25_topk import _heap_push  # unchanged since b4dff5f
 
 
 @numba.njit(cache=True, nogil=True)
@@ -82,14 +50,14 @@ def scan_top(q_ptr, q_term, q_mult, indptr_v, doc_z, score_z, n_docs, depth):
             for i in range(nt):
                 d = touched[i]
                 if acc[d] > 0:
-                    n = _heap_push_prev(hs, hd, n, acc[d], d)
+                    n = _heap_push(hs, hd, n, acc[d], d)
                 acc[d] = 0
                 seen[d] = False
         else:
             for d in range(n_docs):
                 v = acc[d]
                 if v > 0 and (n < depth or v >= hs[0]):
-                    n = _heap_push_prev(hs, hd, n, v, d)
+                    n = _heap_push(hs, hd, n, v, d)
             acc[:] = 0
         cand_qc[qi, :n] = hd[:n]
     return cand_qc

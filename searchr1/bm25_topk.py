@@ -42,6 +42,18 @@ def _heap_push(hs, hd, n, s, d):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _sort_unique(cand, n):
+    """Sort cand[:n] and drop repeats in place; the new length."""
+    cand[:n].sort()
+    u = 0
+    for i in range(n):
+        if i == 0 or cand[i] != cand[i - 1]:
+            cand[u] = cand[i]
+            u += 1
+    return u
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _find(doc_z, lo, hi, d):
     """The first position in doc_z[lo:hi] (sorted) whose passage is >= d."""
     while lo < hi:
@@ -261,13 +273,7 @@ def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf
                                 if acc[d] * (1.0 + mu) + rest[jj - 1] >= theta:
                                     cand[n_c] = d
                                     n_c += 1
-                        cand[:n_c].sort()
-                        u = 0
-                        for i in range(n_c):
-                            if i == 0 or cand[i] != cand[i - 1]:
-                                cand[u] = cand[i]
-                                u += 1
-                        n_c = u
+                        n_c = _sort_unique(cand, n_c)
                     else:
                         for d in range(n_docs):
                             if acc[d] > 0 and acc[d] * (1.0 + mu) + rest[jj - 1] >= theta:
@@ -336,13 +342,7 @@ def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf
                 for i in range(n_h):
                     cand[n_c] = hd[i]
                     n_c += 1
-                cand[:n_c].sort()
-                u = 0
-                for i in range(n_c):
-                    if i == 0 or cand[i] != cand[i - 1]:
-                        cand[u] = cand[i]
-                        u += 1
-                n_c = u
+                n_c = _sort_unique(cand, n_c)
             else:  # in passage order already; the `depth` best are among them unless depth > k
                 for d in range(n_docs):
                     if acc[d] > 0 and (acc[d] * (1.0 + mu) >= theta or depth > k):

@@ -3,7 +3,6 @@ sha256, built by one rank under a file lock while the others wait, renamed into 
 half-written index under its final name; a damaged or foreign cache is rejected by name and rebuilt."""
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -11,9 +10,9 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 
 from searchr1.config import RetrieverConfig
+from searchr1.flock import exclusive
 from searchr1.retrieval import Index, IndexCorrupt, _backend, _check_passages, _settings, build_index, corpus_hash
 
 log = logging.getLogger(__name__)
@@ -64,16 +63,6 @@ def load_index(path: str, passages: list[dict], cfg: RetrieverConfig, corpus_sha
     return _backend(cfg).load(path, passages, cfg, manifest)
 
 
-@contextmanager
-def _locked(path: str):
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def load_or_build(passages: list[dict], cfg: RetrieverConfig, cache_dir: str | None = None) -> Index:
     """The index for `passages`, from the cache when an intact one exists, else built and cached.
 
@@ -86,7 +75,7 @@ def load_or_build(passages: list[dict], cfg: RetrieverConfig, cache_dir: str | N
     sha = corpus_hash(passages)
     key = hashlib.sha256(json.dumps([sha, _settings(cfg)], sort_keys=True).encode()).hexdigest()[:24]
     final = os.path.join(root, f"{cfg.name}-{key}")
-    with _locked(final + ".lock"):
+    with exclusive(final + ".lock"):
         if os.path.isdir(final):
             try:
                 index = load_index(final, passages, cfg, sha)

@@ -22,8 +22,6 @@ used; `load()` never retries a recorded failure (it runs inside the first weight
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -36,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from searchr1.flock import exclusive
 
 log = logging.getLogger(__name__)
 
@@ -125,18 +125,6 @@ def _read_holder(path: Path) -> Optional[dict]:
         return {}  # unreadable: treated as a dead holder on this host below
 
 
-@contextlib.contextmanager
-def _guard(path: Path):
-    """Serialises lock breaking: two waiters that both see a dead holder must not both delete (one would
-    delete the other's fresh lock)."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _try_lock(path: Path) -> bool:
     """Create the lock with its content in one step (link of a written file), so no reader sees it empty."""
     me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid())}
@@ -161,7 +149,9 @@ def acquire(path: Path, wait_s: float, poll_s: float) -> bool:
             return True
         holder = _read_holder(path)
         if holder is not None and (holder == {} or _holder_alive(holder) is False):
-            with _guard(path.with_name(path.name + ".guard")):
+            # serialised: two waiters that both see a dead holder must not both delete (one would delete the
+            # other's fresh lock)
+            with exclusive(path.with_name(path.name + ".guard")):
                 if _read_holder(path) == holder:
                     log.warning("delta codec kernel: breaking the build lock %s left by %s (no longer running)",
                                 path, holder or "an unreadable holder")

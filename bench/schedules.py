@@ -133,7 +133,7 @@ def main() -> int:
     args = ap.parse_args()
     run_root, out = Path(args.run_root), Path(args.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}", "eval_before=false"]
+    evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}"]
     modes = args.modes.split(",")
     unknown = sorted(set(modes) - set(MODES))
     if unknown or "sync" not in modes:
@@ -141,11 +141,12 @@ def main() -> int:
     if args.warm:
         ckpt = Path(args.warm)
     else:
-        warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals)
+        warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals, "eval_before=false")
         ckpt = sorted((warm / "checkpoints").glob("step_*"))[-1] / "model"
-    start = ["warm_start.steps=0", "model.source=hub", f"model.path={ckpt}", "model.name=warm", "eval_before=true"]
+    start = ["warm_start.steps=0", "model.source=hub", f"model.path={ckpt}", "model.name=warm"]
     results, runs = {}, {}
-    sync = launch(run_root, f"sync-{stamp}", f"steps={args.steps}", *start, *evals)
+    # the start model's evaluation is the same greedy run in every mode: sync's alone makes it
+    sync = launch(run_root, f"sync-{stamp}", f"steps={args.steps}", *start, *evals, "eval_before=true")
     runs["sync"] = sync
     results["sync"] = summarize(sync, None)
     sync_step = results["sync"]["rl_wall_s"] / results["sync"]["steps"]
@@ -154,7 +155,8 @@ def main() -> int:
             continue
         # past sync's wall time at the speedup hoped for; equal steps read step N
         steps = args.steps if args.equal_steps else math.ceil(args.steps * 1.8)
-        runs[name] = launch(run_root, f"{name}-{stamp}", f"steps={steps}", *start, *evals, *extra)
+        runs[name] = launch(run_root, f"{name}-{stamp}", f"steps={steps}", *start, *evals, "eval_before=false",
+                            *extra)
         results[name] = summarize(runs[name], results["sync"]["rl_wall_s"])
         results[name]["speedup_steps_per_hour"] = results[name]["steps_per_hour"] / results["sync"]["steps_per_hour"]
     # equal steps: the evaluation at step N of every run against sync's, question by question

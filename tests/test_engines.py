@@ -125,6 +125,19 @@ def test_vllm_generation_logprobs_stops(vllm_engine, hf_ref):
 
 
 @pytest.mark.vllm
+def test_vllm_cpu_seeded_batch_over_the_token_budget(vllm_engine):
+    """More prompt tokens than one engine step takes (CPU default 4096): with chunked prefill, vLLM rewinds a
+    seeded request's generator, which a CPU generator cannot do (the engine refused the batch)."""
+    engine, _ = vllm_engine
+    prompts = [[100 + i] + list(range(200, 1100)) for i in range(6)]
+    sampling = Sampling(temperature=1.0, max_new_tokens=4, seed=11)
+    first = engine.generate(prompts, sampling)
+    again = engine.generate(prompts, sampling)
+    assert [len(g.token_ids) for g in first] == [4] * 6
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+
+
+@pytest.mark.vllm
 def test_vllm_views_are_the_hf_weights_and_alias_exactly_their_elements(vllm_engine, hf_ref):
     engine, _ = vllm_engine
     views = engine.weight_views()

@@ -27,6 +27,13 @@
 - Precision: weights are always published in bf16. Where the CPU has no bf16 instructions the engine loads them
   as fp32 (exact) and keeps bf16 masters for weight sync (`Bf16Mirror`), copied into the fp32 weights before the
   next generation.
+- Seeded sampling on CPU: when the scheduler cuts a prompt's prefill into chunks, vLLM discards the token sampled
+  after a partial chunk and rewinds that request's generator with `set_offset`, which a CPU torch.Generator
+  does not have ("CPU Generator does not use offset"; seen with one rank holding a step's 32 prompts, more than
+  the CPU default of 4096 batched tokens). On CPU prefills are therefore never chunked: a step's budget is at
+  least one whole context, and prompts that do not fit wait for the next engine step (vLLM warns that disabling
+  chunked prefill is "not officially supported" for this model; the engine tests and the CPU golden run, which
+  matched with this setting, say it works here).
 - vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process, so threads are set
   before the process starts (OMP_NUM_THREADS and the CPU affinity the launcher gives each rank).
 """
@@ -187,7 +194,9 @@ class VLLMEngine:
         kwargs = dict(model=model_path, dtype=str(dtype).removeprefix("torch."), seed=0,
                       enforce_eager=engine_cfg.vllm.enforce_eager, max_model_len=self.max_model_len,
                       logprobs_mode="raw_logprobs" if temperature == 1.0 else "processed_logprobs")
-        if not current_platform.is_cpu():
+        if current_platform.is_cpu():
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))
+        else:
             kwargs["gpu_memory_utilization"] = engine_cfg.vllm.gpu_memory_utilization
         holder: dict = {}
         with _private_default_group(holder):

@@ -44,18 +44,23 @@ MODES = {
     "streaming_k2": ["schedule=streaming", "schedule.max_lag=2", "algo.off_policy=decoupled"],
 }
 PLACEMENT = ["cluster.trainer_ranks=1", "cluster.rollout_ranks=1", "cluster.placement=split"]
+EVAL_S = "time/rollout/eval_s"
 SEED_STEP_S = 24.3  # the seed's seconds per step, 2 trainer + 14 rollout GPUs, Qwen2.5-3B (synchronous)
 
 
 def launch(run_root: Path, name: str, *overrides: str) -> Path:
     cmd = [sys.executable, "launch.py", "+experiment=search_r1_cpu", f"run_root={run_root}", f"run_name={name}",
            *PLACEMENT, *overrides]
+    run = run_root / name
+    status = run / "status.json"
+    if status.exists() and json.loads(status.read_text()).get("state") == "COMPLETED":
+        print(f"{name}: completed before, reused", flush=True)  # --stamp of an earlier bench
+        return run
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     r = subprocess.run(cmd, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"{name} failed ({r.returncode})")
-    run = run_root / name
     (run / "wall_s.txt").write_text(f"{time.time() - t0:.1f}\n")
     return run
 
@@ -65,10 +70,12 @@ def summarize(run: Path, sync_wall_s: float | None) -> dict:
     train = [r for r in recs if r[K.KIND] == K.TRAIN]
     evals = [r for r in recs if r[K.KIND] == K.EVAL]
     rl = [r for r in train if r.get("stage", "rl") == "rl"]
-    wall = sum(r[K.STEP_S] for r in rl)
+    # an evaluation inside a step (the start model's, in sync only) is neither training time nor overlap
+    wall = sum(r[K.STEP_S] - r.get(EVAL_S, 0.0) for r in rl)
+    plain = [r for r in rl if not r.get(EVAL_S)]
     out = {"steps": len(rl), "rl_wall_s": wall, "steps_per_hour": 3600 * len(rl) / wall if wall else 0.0,
-           "useful_work_fraction": sum(r[K.USEFUL_FRACTION] for r in rl) / max(len(rl), 1),
-           "idle_s_per_step": {role: sum(r.get(f"time/{role}/wait_s", 0.0) for r in rl) / max(len(rl), 1)
+           "useful_work_fraction": sum(r[K.USEFUL_FRACTION] for r in plain) / max(len(plain), 1),
+           "idle_s_per_step": {role: sum(r.get(f"time/{role}/wait_s", 0.0) for r in plain) / max(len(plain), 1)
                                for role in ("trainer", "rollout")},
            "lag_histogram": {}, "importance_weights": {}}
     for r in rl:
@@ -82,7 +89,7 @@ def summarize(run: Path, sync_wall_s: float | None) -> dict:
     # the wall clock of each evaluation: the RL seconds done when it was taken
     elapsed, clock = {}, 0.0
     for r in train:
-        clock += r[K.STEP_S] if r.get("stage", "rl") == "rl" else 0.0
+        clock += r[K.STEP_S] - r.get(EVAL_S, 0.0) if r.get("stage", "rl") == "rl" else 0.0
         elapsed[r[K.STEP]] = clock
     out["evals"] = []
     for e in evals:
@@ -129,10 +136,11 @@ def main() -> int:
     ap.add_argument("--equal-steps", action="store_true",
                     help="every mode runs --steps steps (no equal-wall-time comparison past sync's end)")
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "schedules"))
+    ap.add_argument("--stamp", help="the runs of an earlier bench (their folder suffix): completed ones are reused")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args()
     run_root, out = Path(args.run_root), Path(args.out)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = args.stamp or time.strftime("%Y%m%d-%H%M%S")
     evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}"]
     modes = args.modes.split(",")
     unknown = sorted(set(modes) - set(MODES))

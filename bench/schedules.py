@@ -82,8 +82,8 @@ def summarize(run: Path, sync_wall_s: float | None) -> dict:
         for k, v in r.items():
             if k.startswith("lag/count/"):
                 out["lag_histogram"][k.split("/")[-1]] = out["lag_histogram"].get(k.split("/")[-1], 0) + v
-    for key in ("train/is/mean", "train/is/max", "train/is/truncated_frac", "train/is/ess", "train/approx_kl",
-                "train/clip_frac"):
+    # the importance-weight statistics under whatever names the objective logs them (train/is/*)
+    for key in sorted({k for r in rl for k in r if k.startswith("train/is/")}) + ["train/approx_kl", "train/clip_frac"]:
         vals = [r[key] for r in rl if isinstance(r.get(key), (int, float))]
         if vals:
             out["importance_weights"][key] = {"mean": sum(vals) / len(vals), "max": max(vals)}

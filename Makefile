@@ -45,7 +45,8 @@ bench: install
 # control, and evaluations of its checkpoints without search and without the held-out questions' passages.
 REF := runs/reference
 CPU := +experiment=search_r1_cpu run_root=$(REF)
-END = $(REF)/main/checkpoints/$$(cat $(REF)/main/checkpoints/latest)
+# the main run's newest complete checkpoint, as checkpoint.py (the owner of that layout) names it
+END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(REF)/main"))')
 # a run's first and last held-out predictions: where RL starts and where it ends
 FIRST = $$(ls $(1)/predictions/step_*.jsonl | head -1)
 LAST = $$(ls $(1)/predictions/step_*.jsonl | tail -1)

@@ -38,7 +38,7 @@ test: install
 bench: install
 	$(BIN)/python bench/retrieval.py --quick
 	$(BIN)/python bench/weight_sync.py --quick
-	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1
+	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1 bench.out=results/bench/rollout_quick.json
 	$(BIN)/python bench/elastic.py --phase 6 --out results/bench/elastic_quick.json
 
 # The CPU reference runs in results/, regenerated from scratch (~50 min here): the main job, its flipped-sign

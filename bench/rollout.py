@@ -3,13 +3,14 @@ engine's raw generation on the same prompts, in one process, on one warm engine.
 
     python bench/rollout.py                                   # search_r1_cpu settings, vLLM engine
     python bench/rollout.py engine=hf bench.questions=4      # any Hydra override of conf/
+    python bench/rollout.py bench.rounds=1 bench.out=results/bench/rollout_quick.json    # make bench's variant
 
 The raw pass is one `generate` call over the same chat-templated prompts (same sampling and per-turn token cap,
 no stop strings), i.e. what the engine does with no protocol at all. It runs before
 and after every rollout round, since the machine is shared and its speed drifts.
 Ratio: rollout trajectory tokens/s (generated + inserted) over raw generated tokens/s, per round against the
 raw passes either side (the median is the headline); and the share of the rollout's wall time spent inside the
-engine (what the loop, parsing and retrieval cost is the rest). Writes results/bench/rollout.json.
+engine (what the loop, parsing and retrieval cost is the rest). Writes results/bench/rollout.json (`bench.out`).
 """
 from __future__ import annotations
 
@@ -22,52 +23,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import compose_config, split_args  # noqa: E402
 
-BENCH_DEFAULTS = ["+experiment=search_r1_cpu", "rollout=vllm"]
+BENCH_DEFAULTS = ["+experiment=search_r1_cpu"]  # its engine is vLLM
 QUESTIONS, GROUP, ROUNDS, SEED = 16, 2, 3, 0  # 32 trajectories: one GRPO step of one rollout rank at search_r1_cpu scale
-
-
-def _config(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    import launch
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return launch.validate(compose("config", overrides=BENCH_DEFAULTS + overrides))
+BENCH_KEYS = {"bench.questions": int, "bench.group": int, "bench.rounds": int, "bench.out": str}
 
 
 def main(argv: list[str]) -> dict:
     os.environ.setdefault("WANDB_MODE", "disabled")
-    bench_args = {a.split("=", 1)[0]: int(a.split("=", 1)[1]) for a in argv if a.startswith("bench.")}
-    cfg = _config([a for a in argv if not a.startswith("bench.")])
+    bench_args, overrides = split_args(argv, BENCH_KEYS, "bench/rollout.py")
+    cfg = compose_config(BENCH_DEFAULTS + overrides)
     n_q = bench_args.get("bench.questions", QUESTIONS)
     group = bench_args.get("bench.group", GROUP)
     rounds = bench_args.get("bench.rounds", ROUNDS)
 
+    from searchr1 import metrics as keys
     from searchr1.agent import build_prompt, run_episodes, sampling_for
     from searchr1.data import load_splits
-    from searchr1.engines import make_engine
     from searchr1.engines.base import Sampling
-    from searchr1.index_cache import load_or_build
-    from searchr1.retrieval import format_passages
+    from searchr1.roles.worker import Worker
 
     splits = load_splits(cfg.data, root=ROOT)
-    index = load_or_build(splits.corpus, cfg.retriever, cfg.retriever.cache_dir)
     t0 = time.perf_counter()
-    engine = make_engine(cfg.model, cfg.rollout, "cpu")
+    worker = Worker(cfg, splits)  # the rollout ranks' own stack: engine, index, search tool, reward
     start_s = time.perf_counter() - t0
-    tok = engine.tokenizer
-
-    def retrieve(queries):
-        return [format_passages(p, tok, cfg.retriever.passage_max_tokens)
-                for p in index.search(queries, cfg.retriever.top_k)]
+    engine, retrieve, tok = worker.engine, worker.retrieve, worker.engine.tokenizer
 
     questions = splits.train[:n_q]
-    prompts = [build_prompt(tok, q.question, cfg.rollout.search, cfg.rollout.prompt) for q in questions
+    prompts = [build_prompt(tok, q.question, cfg.agent.search, cfg.agent.prompt) for q in questions
                for _ in range(group)]
-    sampling = sampling_for(cfg.rollout, seed=SEED)
+    sampling = sampling_for(cfg.agent, cfg.sampling, seed=SEED)
     raw_sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=SEED,
-                            max_new_tokens=cfg.rollout.max_new_tokens)
+                            max_new_tokens=cfg.agent.max_new_tokens)
     engine.generate(prompts[:2], Sampling(max_new_tokens=4))  # warm-up
 
     def raw_pass() -> dict:
@@ -81,7 +69,7 @@ def main(argv: list[str]) -> dict:
     # shared machine's speed drifts by several times within minutes.
     raws, rollouts = [raw_pass()], []
     for _ in range(rounds):
-        trajs, m = run_episodes(engine, questions, group, retrieve, cfg.rollout, sampling, policy_version=0)
+        trajs, m = run_episodes(engine, questions, group, retrieve, cfg.agent, sampling, worker.score)
         rollouts.append((trajs, m))
         raws.append(raw_pass())
     ratios = []
@@ -107,14 +95,14 @@ def main(argv: list[str]) -> dict:
     result = {
         "what": "agent-loop rollout vs raw engine generation on the same prompts (same process, warm engine)",
         "command": "python bench/rollout.py " + " ".join(argv),
-        "engine": cfg.rollout.engine, "model": cfg.model.name, "experiment": cfg.experiment,
+        "engine": cfg.engine.name, "model": cfg.model.name, "experiment": cfg.experiment,
         "trajectories": len(trajs), "questions": n_q, "group_size": group,
         "engine_start_s": round(start_s, 2), "host": platform.node(), "cpus": os.cpu_count(),
         "rounds": rounds, "raw_passes": raws, "raw_generated_tokens_per_s": raw_tps,
         "last_rollout": {"seconds": total, "generation_s": m["rollout/generation_s"],
                          "retrieval_s": m["rollout/retrieval_s"], "generated_tokens": generated,
-                         "trajectory_tokens": response, "searches_per_traj": m["rollout/searches"],
-                         "turns_per_traj": m["rollout/turns"], "answer_rate": m["rollout/answer_rate"],
+                         "trajectory_tokens": response, "searches_per_traj": m[keys.SEARCHES],
+                         "turns_per_traj": m["rollout/turns"], "answer_rate": m[keys.ANSWER_RATE],
                          "stop": {k.split("/")[-1]: v for k, v in m.items() if k.startswith("rollout/stop/")}},
         "rollout_trajectory_tokens_per_s": response / total,
         "rollout_generated_tokens_per_s": generated / total,
@@ -127,7 +115,7 @@ def main(argv: list[str]) -> dict:
                             "projected_loop_share": search_turn_s / (search_turn_s + engine_turn_s)},
         "goal": "ratio_trajectory_tokens (median over rounds) >= 0.8",
     }
-    out = ROOT / "results" / "bench" / "rollout.json"
+    out = ROOT / bench_args.get("bench.out", "results/bench/rollout.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if "ratio" in k or "share" in k or "per_s" in k}, indent=1))

@@ -105,17 +105,17 @@ def synthetic_pair(shapes: dict, lr: float, steps: int, seed: int = 0, chunk: in
 
 
 def real_pair(quick: bool):
-    """Before/after bf16 weights of one Trainer.step on SmolLM2-135M-Instruct, and the cast time."""
-    from omegaconf import OmegaConf
-
+    """Before/after bf16 weights of one Learner.step on SmolLM2-135M-Instruct, and the cast time; every setting is
+    the schemas' default (GRPO, AdamW at optim.lr)."""
+    from searchr1 import metrics
     from searchr1.agent import build_prompt
-    from searchr1.config import AlgoConfig, ModelConfig
+    from searchr1.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
     from searchr1.data import load_file
-    from searchr1.trainer import Trainer
+    from searchr1.learner import Learner
     from searchr1.trajectory import Trajectory
 
-    algo = AlgoConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/algo/grpo.yaml")))
-    tr = Trainer(ModelConfig(), algo, "cpu")
+    algo, optim = AlgoConfig(), OptimConfig()
+    tr = Learner(ModelConfig(), algo, optim, TrainerConfig(), "cpu")
     qs = load_file(ROOT / "data/hotpotqa/dev_distractor/rpt_train300.jsonl")[: 2 if quick else 4]
     g = torch.Generator().manual_seed(0)
     trajs = []
@@ -139,7 +139,7 @@ def real_pair(quick: bool):
     new = tr.bf16_weights()
     cast_s = time.perf_counter() - t0
     info = {"label": "searchr1.learner.Learner.step (GRPO, AdamW) on synthetic on-policy trajectories",
-            "lr": algo.lr, "trajectories": len(trajs), "loss": out["loss"], "grad_norm": out["grad_norm"],
+            "lr": optim.lr, "trajectories": len(trajs), "loss": out[metrics.LOSS], "grad_norm": out[metrics.GRAD_NORM],
             "train_step_s": step_s, "fp32_to_bf16_cast_s": cast_s}
     del tr
     return old, new, info

@@ -1,0 +1,37 @@
+"""What the Hydra-configured benchmarks share: their own `bench.*` keys beside Hydra's overrides of conf/, and the
+composed, validated config."""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def split_args(argv: list[str], keys: dict[str, type], prog: str) -> tuple[dict, list[str]]:
+    """(the `bench.*` keys, typed; the Hydra overrides). An unknown or mistyped bench key stops before anything
+    starts, naming it (and the nearest known one)."""
+    own, overrides = {}, []
+    for a in argv:
+        key, _, value = a.partition("=")
+        if not key.startswith("bench."):
+            overrides.append(a)
+            continue
+        if key not in keys:
+            near = difflib.get_close_matches(key, list(keys), n=1)
+            raise SystemExit(f"{prog}: unknown key {key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                             + f"; its keys: {', '.join(keys)}")
+        try:
+            own[key] = keys[key](value)
+        except ValueError:
+            raise SystemExit(f"{prog}: {key}={value!r} is not an {keys[key].__name__}") from None
+    return own, overrides
+
+
+def compose_config(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    import launch
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return launch.validate(compose("config", overrides=overrides))

@@ -1,0 +1,74 @@
+"""The benchmarks run as the README says, on the current config groups (a bench that no longer composes is found
+here, not by the next person who needs its numbers)."""
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rollout_bench_runs_on_the_tiny_model_and_writes_where_it_is_told(tmp_path):
+    out = tmp_path / "rollout.json"
+    result = _bench("rollout").main(["engine=hf", "model=tiny", "bench.questions=2", "bench.group=2",
+                                      "bench.rounds=1", f"bench.out={out}"])
+    written = json.loads(out.read_text())
+    assert written["trajectories"] == 4 and written["engine"] == "hf" and written["experiment"] == "search_r1_cpu"
+    assert len(written["ratio_trajectory_tokens_per_round"]) == 1 and written["ratio_trajectory_tokens"] > 0
+    assert written == json.loads(json.dumps(result))
+
+
+@pytest.mark.parametrize("arg,needle", [("bench.round=1", "did you mean 'bench.rounds'"),
+                                        ("bench.questions=few", "bench.questions='few' is not an int")])
+def test_rollout_bench_rejects_a_bad_key_before_starting(arg, needle):
+    with pytest.raises(SystemExit, match=needle):
+        _bench("rollout").main([arg])
+
+
+def _project_imports(path: Path):
+    """Every `from searchr1... import name` in a file, at any depth (the benches import inside functions)."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "searchr1":
+            for alias in node.names:
+                yield node.lineno, node.module, alias.name
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench").glob("*.py")), ids=lambda p: p.name)
+def test_every_project_name_a_bench_imports_exists(path):
+    import importlib
+
+    sys.path.insert(0, str(ROOT))
+    missing = []
+    for line, module, name in _project_imports(path):
+        try:
+            found = hasattr(importlib.import_module(module), name) or importlib.util.find_spec(f"{module}.{name}")
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing.append(f"{path.name}:{line}: from {module} import {name}")
+    assert not missing, "\n".join(missing)
+
+
+def test_cpu_profile_bench_accounts_for_every_phase(tmp_path):
+    out = tmp_path / "profile.json"
+    r = _bench("cpu_profile").main(["engine=hf", "model=tiny", "trainer.train_top_layers=1", "bench.rows=4",
+                                    "bench.episodes=2", f"bench.out={out}"])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(r))
+    assert r["trajectories"]["rows"] == 4 and r["trajectories"]["trained_tokens"] > 0
+    for phase in ("warm_start_step", "rl_train_step", "greedy_episodes", "answer_turns"):
+        shares = r[phase]["op_shares"]
+        assert abs(sum(shares.values()) - 1) < 0.01 and shares["matmul"] > 0, (phase, shares)
+    assert r["warm_start_step"]["train_top_layers"] == "all" and r["rl_train_step"]["train_top_layers"] == 1

@@ -99,7 +99,11 @@ class Heartbeat:
                 return
 
     def stop(self) -> None:
+        """Stop beating and wait for the thread: a beat still in flight when the store's host exits, or when the
+        interpreter tears down, aborts the process from C++ ("terminate called without an active exception")."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 def post_failure(store, member: str, reason: str) -> None:

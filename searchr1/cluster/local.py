@@ -210,15 +210,19 @@ def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
 
 def _watch(tasks: _Tasks, run_dir: Path, echo: bool) -> int | None:
     """Poll until every rank of the world exits 0 (None) or one fails (its task index; the others are then
-    ended). A worker outside the world that dies is started again while it has restarts left."""
+    ended). A worker outside the world that dies is started again while it has restarts left and the world is
+    still whole: once one of its ranks has exited the run is ending, and a new worker could only wait for a
+    store that is going away."""
     offset, job = 0, tasks.job
     world = [t for t in range(job.tasks) if tasks.rank[t] is not None]
     while True:
         if echo:
             offset = _echo(run_dir / "progress.log", offset)
         codes = [p.poll() for p in tasks.procs]
+        going_on = all(codes[t] is None for t in world)
         for t in range(job.tasks):
-            if tasks.rank[t] is None and codes[t] not in (None, 0) and tasks.restarts[t] < job.group(t).restarts:
+            if tasks.rank[t] is None and codes[t] not in (None, 0) and going_on \
+                    and tasks.restarts[t] < job.group(t).restarts:
                 tasks.restarts[t] += 1
                 print(f"[local] {tasks.name[t]} ({job.role(t)}) exited {codes[t]}: started again "
                       f"({tasks.restarts[t]}/{job.group(t).restarts})", flush=True)
@@ -227,10 +231,11 @@ def _watch(tasks: _Tasks, run_dir: Path, echo: bool) -> int | None:
                 codes[t] = None
         # A rank killed by a signal is the cause; ranks that exit 1 in the same instant only saw their
         # peer vanish. Otherwise the lowest failed task. Workers without restarts left fail the job only
-        # when none is left (a job of workers alone, or trainers without any rollout).
+        # when none is left while the world still needs them (a job of workers alone, or trainers without any
+        # rollout).
         bad = sorted((c >= 0, t) for t, c in enumerate(codes) if c not in (None, 0) and tasks.rank[t] is not None)
         workers = [t for t in range(job.tasks) if tasks.rank[t] is None]
-        if workers and all(codes[t] not in (None, 0) for t in workers):
+        if workers and going_on and all(codes[t] not in (None, 0) for t in workers):
             bad = bad or [(True, workers[0])]
         done = all(codes[t] == 0 for t in world) if world else all(codes[t] is not None for t in workers)
         if bad or done:

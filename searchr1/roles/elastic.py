@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +201,7 @@ class ElasticWorker:
                 continue
             attempt, t = task
             self.channel.put(RESULT, self._do(t), tid=t.tid, attempt=attempt)
+        self.heartbeat.stop()  # before BYE: once trainer 0 hears it, the store's host may exit
         self.channel.put(BYE, True, rank=self.id)  # trainer 0 hosts the store: it waits for live workers to leave
 
     def _claim(self):
@@ -264,6 +266,10 @@ def run_worker(cfg: Config, run_dir: Path) -> None:
         if me is not None:  # its tasks are re-issued now (not after heartbeat_timeout_s)
             post_failure(store, me.id, err.reason if isinstance(err, Stopped) else f"{type(err).__name__}: {err}")
         raise
+    # Leave now, as the ranks do: interpreter teardown with a store client whose host is exiting can abort.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 class ElasticRollouts:

@@ -1,0 +1,68 @@
+"""The local backend's supervision of workers outside the world: one that dies while the run goes on is started
+again; one that dies as the run ends is not (a new one could only wait for a store that is going away)."""
+import json
+import os
+import time
+from pathlib import Path
+
+from searchr1.cluster import local
+from searchr1.cluster.job import Group, Job
+from searchr1.config import ClusterConfig, Config
+from searchr1.rundir import config_yaml
+
+HANG_S = 600  # only stops a test that would otherwise hang: every wait below is on the other side's progress
+
+
+def _gone(pid: int) -> bool:
+    """Exited: reaped, or a zombie waiting for the launcher's poll."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait_for(path: Path) -> str:
+    deadline = time.monotonic() + HANG_S
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def toy_trainer(cfg: Config, run_dir: Path) -> None:
+    """Leaves as soon as the worker has started `want` times, saying its pid first."""
+    (run_dir / "trainer.pid").write_text(str(os.getpid()))
+    _wait_for(run_dir / f"worker.start{os.environ['TOY_WANT']}")
+
+
+def toy_worker(cfg: Config, run_dir: Path) -> None:
+    """Start n (counted in files): the first dies at once with exit 3 while the trainer runs; the second waits
+    for the trainer to have exited, then dies with exit 3 too."""
+    n = sum(1 for _ in run_dir.glob("worker.start*"))
+    (run_dir / f"worker.start{n}").write_text(str(os.getpid()))
+    if n == 1:
+        pid = int(_wait_for(run_dir / "trainer.pid"))
+        deadline = time.monotonic() + HANG_S
+        while not _gone(pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    raise SystemExit(3)
+
+
+def test_a_worker_is_restarted_while_the_run_goes_on_and_not_once_it_ends(tmp_path, monkeypatch):
+    cfg = Config(experiment="local_test", run_root=str(tmp_path),
+                 cluster=ClusterConfig(trainer_ranks=1, rollout_ranks=1))
+    (tmp_path / "config.yaml").write_text(config_yaml(cfg))
+    monkeypatch.setenv("TOY_WANT", "1")  # the trainer leaves once the worker's restart has started
+    # The worker's second death follows the trainer's exit within its own 0.05 s poll: with the launcher polling
+    # every 2 s, both exits are seen together, the case where a restart used to slip in as the run ended.
+    monkeypatch.setattr(local, "POLL_S", 2.0)
+    job = Job("tests.test_local_backend:toy_trainer",
+              (Group("trainer", 1), Group("rollout", 1, entry="tests.test_local_backend:toy_worker", in_world=False,
+                                          restarts=5)))
+    assert local.launch(cfg, tmp_path, job, echo=False) == 0
+    status = json.loads((tmp_path / "status.json").read_text())
+    # start 0 died while the trainer ran: restarted; start 1 died after the trainer had exited: not restarted
+    assert status["state"] == "COMPLETED" and status["restarts"] == [0, 1]
+    assert sorted(p.name for p in tmp_path.glob("worker.start*")) == ["worker.start0", "worker.start1"]
+    assert status["exit_codes"] == [0, 3]

@@ -11,6 +11,7 @@ This is the only file that touches Hydra; the library takes the plain `Config` d
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -20,6 +21,16 @@ from omegaconf.errors import OmegaConfBaseException
 from searchr1.config import Config, ConfigError, unknown_keys
 
 ConfigStore.instance().store(name="base_config", node=Config)
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
+
+
+def compose_config(overrides: list[str]) -> Config:
+    """The validated config a run with these overrides gets, for code that is not itself a Hydra app (the
+    benchmarks, the tests)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return validate(compose("config", overrides=list(overrides)))
 
 
 def validate(dcfg: DictConfig) -> Config:
@@ -67,17 +78,14 @@ def _is_multirun() -> bool:
 def show_config(argv: list[str]) -> None:
     """`--cfg job|hydra|all` with validation: Hydra's own --cfg prints without ever building the dataclasses,
     so a negative lr would print fine and only fail at launch."""
-    import os
-
     from hydra import compose, initialize_config_dir
 
     i = next(i for i, a in enumerate(argv) if a in ("--cfg", "-c"))
     kind = argv[i + 1] if i + 1 < len(argv) else "job"
     overrides = [a for j, a in enumerate(argv) if j not in (i, i + 1) and not a.startswith("-")]
-    conf_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
     from hydra.errors import HydraException
 
-    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         try:
             dcfg = compose("config", overrides=overrides, return_hydra_config=kind != "job")
         except HydraException as err:

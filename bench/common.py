@@ -1,11 +1,8 @@
-"""What the Hydra-configured benchmarks share: their own `bench.*` keys beside Hydra's overrides of conf/, and the
-composed, validated config."""
+"""What the Hydra-configured benchmarks share: their own `bench.*` keys beside Hydra's overrides of conf/ (which
+`launch.compose_config` composes)."""
 from __future__ import annotations
 
 import difflib
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def split_args(argv: list[str], keys: dict[str, type], prog: str) -> tuple[dict, list[str]]:
@@ -26,12 +23,3 @@ def split_args(argv: list[str], keys: dict[str, type], prog: str) -> tuple[dict,
         except ValueError:
             raise SystemExit(f"{prog}: {key}={value!r} is not an {keys[key].__name__}") from None
     return own, overrides
-
-
-def compose_config(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    import launch
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return launch.validate(compose("config", overrides=overrides))

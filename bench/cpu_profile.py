@@ -26,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import compose_config, split_args  # noqa: E402
+from bench.common import split_args  # noqa: E402
+from launch import compose_config  # noqa: E402
 
 BENCH_DEFAULTS = ["+experiment=search_r1_cpu"]
 BENCH_KEYS = {"bench.rows": int, "bench.episodes": int, "bench.out": str}

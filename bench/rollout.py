@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import compose_config, split_args  # noqa: E402
+from bench.common import split_args  # noqa: E402
+from launch import compose_config  # noqa: E402
 
 BENCH_DEFAULTS = ["+experiment=search_r1_cpu"]  # its engine is vLLM
 QUESTIONS, GROUP, ROUNDS, SEED = 16, 2, 3, 0  # 32 trajectories: one GRPO step of one rollout rank at search_r1_cpu scale

@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,8 +15,7 @@ EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml
 
 
 def compose_cfg(*overrides) -> Config:
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return launch.validate(compose("config", overrides=list(overrides)))
+    return launch.compose_config(overrides)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -51,24 +51,43 @@ def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -
     """Right-padded inputs plus per-position targets, mask and behaviour log-probs.
 
     Position t of the `_bt` tensors holds the prediction of token start+1+t, where start is the last prompt
-    token of the shortest prompt: logits before it are never needed, so the model computes none
-    (`logits_to_keep`).
+    token of the shortest prompt (`start`). No attention mask: with right padding every key a real token may
+    attend to under the causal mask is real, so the causal mask alone is exact for every real position, and
+    it lets SDPA skip the masked half of the work (a padding mask turns that skipping off; 8% of a CPU
+    warm-start step). What the padded positions compute is never read.
     """
     lens = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
     L, start = max(lens), min(len(t.prompt_ids) for t in trajs) - 1
     ids_bt = torch.full((len(trajs), L), pad_id, dtype=torch.long)
-    attn_bt = torch.zeros((len(trajs), L), dtype=torch.long)
     mask_bt = torch.zeros((len(trajs), L - 1 - start))
     old_bt = torch.zeros((len(trajs), L - 1 - start))
     for i, t in enumerate(trajs):
         ids_bt[i, :lens[i]] = torch.tensor(t.prompt_ids + t.response_ids)
-        attn_bt[i, :lens[i]] = 1
         off = len(t.prompt_ids) - 1 - start
         mask_bt[i, off:off + len(t.response_ids)] = torch.tensor(t.loss_mask, dtype=torch.float32)
         old_bt[i, off:off + len(t.response_ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
-    return {"ids_bt": ids_bt.to(device), "attn_bt": attn_bt.to(device), "target_bt": ids_bt[:, start + 1:].to(device),
+    return {"ids_bt": ids_bt.to(device), "target_bt": ids_bt[:, start + 1:].to(device),
             "mask_bt": mask_bt.to(device), "old_bt": old_bt.to(device), "adv_b": adv_b.to(device),
-            "keep": L - start}
+            "start": start}
+
+
+class TrainedLogits(torch.nn.Module):
+    """A causal LM's logits at the given (row, position) pairs only: the decoder on every token, the output
+    layer on the trained positions. In a Search-R1 batch most positions are prompt or information tokens,
+    whose [tokens, vocab] logits the loss never reads; computing them was 15% of a CPU warm-start step.
+    DDP wraps this module, so the replicas' gradients are reduced as for the model itself."""
+
+    def __init__(self, policy: torch.nn.Module):
+        super().__init__()
+        for key in ("final_logit_softcapping", "logit_scale"):  # an output transform the lm_head alone lacks
+            if getattr(policy.config, key, None):
+                raise ValueError(f"model config sets {key}={getattr(policy.config, key)}: the learner applies "
+                                 "only the output layer to the trained positions' hidden states")
+        self.policy = policy
+
+    def forward(self, ids_bt: torch.Tensor, rows_n: torch.Tensor, cols_n: torch.Tensor) -> torch.Tensor:
+        h_btd = self.policy.get_decoder()(input_ids=ids_bt, use_cache=False).last_hidden_state
+        return self.policy.get_output_embeddings()(h_btd[rows_n, cols_n])
 
 
 class Learner:
@@ -101,10 +120,11 @@ class Learner:
         dtype, why = placement.compute_dtype(trainer.compute_dtype, self.device)
         log.info("trainer computes in %s (%s); master weights fp32", dtype, why)
         self.compute_dtype = None if dtype == torch.float32 else dtype
+        self.scorer = TrainedLogits(self.module)
         self.ddp = None
         if self.world > 1:
             idx = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.module, process_group=group, device_ids=idx)
+            self.ddp = DistributedDataParallel(self.scorer, process_group=group, device_ids=idx)
         self.step_count = 0
         self.restart(algo, optim)
 
@@ -121,7 +141,7 @@ class Learner:
             if self.ddp is not None and before != [p.requires_grad for p in self.module.parameters()]:
                 # DDP hooks the parameters that need gradients when it wraps the model: wrap it anew
                 idx = [self.device.index] if self.device.type == "cuda" else None
-                self.ddp = DistributedDataParallel(self.module, process_group=self.group, device_ids=idx)
+                self.ddp = DistributedDataParallel(self.scorer, process_group=self.group, device_ids=idx)
         self.algo = resolve(ALGORITHMS, algo.name, "algo.name")(algo)
         # sampled data is scored at its sampling temperature; supervised targets at the model's own (1)
         self.t = self.temperature if self.algo.sampled else 1.0
@@ -129,7 +149,7 @@ class Learner:
         if self.algo.needs_reference:
             ref, _ = load_model(self.model_cfg, dtype=self.compute_dtype or torch.float32)
             ref.load_state_dict(self.module.state_dict())
-            self.ref = ref.to(self.device).eval().requires_grad_(False)
+            self.ref = TrainedLogits(ref.to(self.device).eval().requires_grad_(False))
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
         self.grad_clip, warmup = optim.grad_clip, optim.warmup_steps
@@ -162,11 +182,10 @@ class Learner:
         Only trained positions reach the float32 log-softmax: information blocks and padding can be most of a
         Search-R1 response, and the [tokens, vocab] float32 tensors are the trainer's largest activations.
         At the sampling temperature: the behaviour log-probs' distribution (searchr1/engines/base.py)."""
-        with self._autocast():
-            out = net(input_ids=mb["ids_bt"], attention_mask=mb["attn_bt"], logits_to_keep=mb["keep"],
-                      use_cache=False)
         on_bt = mb["mask_bt"].bool()
-        logits_nv = out.logits[:, :-1][on_bt]
+        rows_n, cols_n = on_bt.nonzero(as_tuple=True)  # row-major: the order of on_bt's True entries
+        with self._autocast():
+            logits_nv = net(mb["ids_bt"], rows_n, cols_n + mb["start"])
         logp_n = grpo.token_logprobs(logits_nv[None], mb["target_bt"][on_bt][None], self.t)[0]
         return torch.zeros(on_bt.shape, device=self.device).masked_scatter(on_bt, logp_n), logits_nv
 
@@ -178,7 +197,7 @@ class Learner:
 
     def _micro_step(self, mb: dict, denom: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward + backward of one micro-batch; returns its SUMS and MAXES (the algorithm's order)."""
-        logp_bt, logits_nv = self._logprobs(self.ddp or self.module, mb)
+        logp_bt, logits_nv = self._logprobs(self.ddp or self.scorer, mb)
         ref_logp_bt = None
         if self.ref is not None:
             with torch.no_grad():
@@ -239,8 +258,9 @@ class Learner:
 
     def _idle_backward(self) -> None:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
         with self._autocast():
-            logits = self.ddp(input_ids=ids, use_cache=False).logits
+            logits = self.ddp(ids, zero, zero)
         (logits.float().sum() * 0.0).backward()
 
     def bf16_weights(self) -> dict[str, torch.Tensor]:

@@ -99,7 +99,26 @@ def test_collate_aligns_targets_mask_and_logprobs():
         assert mb["old_bt"][i][on].tolist() == pytest.approx([x for x, m in zip(t.logprobs, t.loss_mask) if m])
         n = len(t.prompt_ids) + len(t.response_ids)
         assert mb["ids_bt"][i, :n].tolist() == t.prompt_ids + t.response_ids
-        assert mb["attn_bt"][i].sum() == n
+        assert (mb["ids_bt"][i, n:] == 2).all()  # right padding: what the causal mask alone keeps exact
+
+
+def test_a_padded_batch_scores_each_row_as_the_model_does_alone():
+    """No attention mask over right padding, and the output layer on the trained positions only: each row's
+    log-probs are those of the plain model run on that row alone."""
+    tr = learner()
+    trajs = make_trajs(3, n_groups=2, group_size=3)
+    assert len({len(t.prompt_ids) + len(t.response_ids) for t in trajs}) > 1  # the batch is padded
+    mb = collate(trajs, torch.zeros(len(trajs)), tr.pad_id, "cpu")
+    with torch.no_grad():
+        logp_bt, logits_nv = tr._logprobs(tr.scorer, mb)
+    assert logits_nv.shape[0] == int(mb["mask_bt"].sum())
+    for i, t in enumerate(trajs):
+        with torch.no_grad():
+            logits_tv = tr.model(input_ids=torch.tensor([t.prompt_ids + t.response_ids])).logits[0]
+        logp_tv = torch.log_softmax(logits_tv.float(), dim=-1)
+        p = len(t.prompt_ids)
+        want = [logp_tv[p - 1 + j, x].item() for j, (x, m) in enumerate(zip(t.response_ids, t.loss_mask)) if m]
+        assert logp_bt[i][mb["mask_bt"][i].bool()].tolist() == pytest.approx(want, abs=1e-5)
 
 
 # ---------------------------------------------------------------- one replica

@@ -66,3 +66,35 @@ def test_a_worker_is_restarted_while_the_run_goes_on_and_not_once_it_ends(tmp_pa
     assert status["state"] == "COMPLETED" and status["restarts"] == [0, 1]
     assert sorted(p.name for p in tmp_path.glob("worker.start*")) == ["worker.start0", "worker.start1"]
     assert status["exit_codes"] == [0, 3]
+
+
+def toy_rank(cfg: Config, run_dir: Path) -> None:
+    """Says what a forked rank was given: its environment, cores, threads, session; prints to its log."""
+    import torch
+
+    rank = os.environ["RANK"]
+    print(f"rank {rank} says hello")
+    (run_dir / f"rank{rank}.json").write_text(json.dumps({
+        "world": os.environ["WORLD_SIZE"], "omp": os.environ["OMP_NUM_THREADS"], "threads": torch.get_num_threads(),
+        "cores": sorted(os.sched_getaffinity(0)), "session_leader": os.getsid(0) == os.getpid(),
+        "cwd": os.getcwd()}))
+    if rank == "1":
+        raise SystemExit(0 if os.environ.get("TOY_FAIL") is None else 7)
+
+
+def test_forked_ranks_get_their_environment_cores_threads_session_and_log(tmp_path, monkeypatch):
+    cfg = Config(experiment="local_test", run_root=str(tmp_path), cluster=ClusterConfig(trainer_ranks=1, rollout_ranks=1))
+    (tmp_path / "config.yaml").write_text(config_yaml(cfg))
+    job = Job("tests.test_local_backend:toy_rank", (Group("trainer", 1), Group("rollout", 1)))
+    assert local.launch(cfg, tmp_path, job, echo=False) == 0
+    status = json.loads((tmp_path / "status.json").read_text())
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        cores = status["cores"][rank]
+        assert got["world"] == "2" and got["cores"] == cores and got["omp"] == str(len(cores))
+        assert got["threads"] == len(cores) and got["session_leader"] and got["cwd"] == str(local.REPO_ROOT)
+        assert f"rank {rank} says hello" in (tmp_path / "logs" / f"rank{rank}.log").read_text()
+    monkeypatch.setenv("TOY_FAIL", "1")  # an exit code reaches the launcher, and names the rank
+    assert local.launch(cfg, tmp_path, job, echo=False) == 7
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["state"] == "FAILED" and status["failed_rank"] == 1 and status["exit_codes"][1] == 7

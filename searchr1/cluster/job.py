@@ -29,6 +29,8 @@ class Job:
     groups: tuple[Group, ...]
     prepare: str = ""  # "module:function", called once as function(cfg, run_dir) before any task starts
     target: str = ""  # the run folder the tasks work in, when not the job's own (a job joining another run)
+    # modules every task imports besides its entry's: a backend that forks its tasks imports them once, before
+    preload: tuple[str, ...] = ()
 
     @property
     def world(self) -> int:
@@ -62,6 +64,11 @@ def _resolve(name: str):
     return getattr(importlib.import_module(module), fn)
 
 
+# What every rank loads the policy with: transformers' model classes are 4 of the ~7 s of CPU a rank spends
+# importing (the entry modules import torch themselves, transformers only when loading a model).
+POLICY_MODULES = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")
+
+
 def training(cfg: Config) -> Job:
     """The training job: trainer ranks, then rollout ranks (searchr1.roles.run_rank); with elastic rollouts,
     the rollouts are restartable workers outside the world (searchr1.roles.elastic.run_worker)."""
@@ -69,7 +76,7 @@ def training(cfg: Config) -> Job:
     rollouts = (Group("rollout", c.rollout_ranks, c.slurm.rollout_nodes, entry=WORKER, in_world=False,
                       restarts=e.restarts) if e.enabled else Group("rollout", c.rollout_ranks, c.slurm.rollout_nodes))
     return Job("searchr1.roles:run_rank", (Group("trainer", c.trainer_ranks, c.slurm.trainer_nodes), rollouts),
-               prepare="searchr1.roles:prepare")
+               prepare="searchr1.roles:prepare", preload=POLICY_MODULES)
 
 
 def joining(cfg: Config) -> Job:
@@ -77,7 +84,7 @@ def joining(cfg: Config) -> Job:
     its folder, and leave when it ends (or when stopped)."""
     c = cfg.cluster
     return Job(WORKER, (Group("rollout", c.rollout_ranks, c.slurm.rollout_nodes, in_world=False,
-                              restarts=c.elastic.restarts),), target=cfg.join)
+                              restarts=c.elastic.restarts),), target=cfg.join, preload=POLICY_MODULES)
 
 
 WORKER = "searchr1.roles.elastic:run_worker"
@@ -85,7 +92,8 @@ WORKER = "searchr1.roles.elastic:run_worker"
 
 def evaluation(cfg: Config) -> Job:
     """`mode=eval`: one task with one engine and one index (searchr1.apps.evaluate.main)."""
-    return Job("searchr1.apps.evaluate:main", (Group("evaluator", 1, 1),), prepare="searchr1.roles:prepare")
+    return Job("searchr1.apps.evaluate:main", (Group("evaluator", 1, 1),), prepare="searchr1.roles:prepare",
+               preload=POLICY_MODULES)
 
 
 def _cli(argv: list[str]) -> int:

@@ -2,9 +2,11 @@
 
 - Before any rank starts, the job's `prepare` runs here once (model export, index, kernel), so that ranks
   only load warm caches and nothing is built inside a collective.
-- Each rank runs `python -m searchr1.cluster.local RUN_DIR ENTRY` in its own session, with the
-  torch.distributed environment, its own cores (searchr1/placement.py: affinity and as many threads as cores),
-  and reads the resolved config back from the run folder exactly as a Slurm task does.
+- Each rank is forked from a fork server (multiprocessing's forkserver) that imported the job's entry modules
+  once, torch and transformers with them: four ranks starting at once each spent ~7 s of CPU importing the
+  same modules, most of a short run on two cores. A rank gets its own session, the torch.distributed
+  environment, its own cores (searchr1/placement.py: affinity and as many threads as cores) and its log, and
+  reads the resolved config back from the run folder exactly as a Slurm task does.
 - Like `srun --kill-on-bad-exit=1`, the first rank to fail takes the others down and is named; a rank that
   hangs without dying is caught inside the job by the heartbeat liveness (searchr1/liveness.py). Elastic
   rollout workers (outside the world) are restarted in place instead, while they have restarts left.
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -76,7 +79,7 @@ def _signal(leaders: list[int], others: list[int], sig: int) -> None:
             pass
 
 
-def terminate(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+def terminate(procs: list, grace_s: float = GRACE_S) -> None:
     """End every rank and everything it started: SIGTERM, then SIGKILL for what is left after `grace_s`."""
     leaders = [p.pid for p in procs]
     others = _descendants(leaders)
@@ -127,7 +130,7 @@ class _Tasks:
     def __init__(self, job: Job, run_dir: Path, target: Path, port: int, addr: str, plan: list[list[int]]):
         self.job, self.logs, self.target, self.port, self.addr, self.plan = job, run_dir / "logs", target, port, \
             addr, plan
-        self.procs: list[subprocess.Popen | None] = [None] * job.tasks
+        self.procs: list[_Forked | None] = [None] * job.tasks
         self.restarts = [0] * job.tasks
         self.rank, self.name, rank, slot = [], [], 0, 0
         for t in range(job.tasks):
@@ -147,14 +150,69 @@ class _Tasks:
             for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
                 env.pop(k)
             env["SEARCHR1_WORKER_SLOT"] = self.name[t][len("worker"):]
-        with open(self.logs / f"{self.name[t]}.log", "ab") as out:
-            self.procs[t] = subprocess.Popen(
-                [sys.executable, "-m", "searchr1.cluster.local", str(self.target), g.entry or self.job.entry],
-                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
-                preexec_fn=lambda c=cores: os.sched_setaffinity(0, c))
+        self.procs[t] = _Forked(_FORKS.Process(
+            target=_task_main, args=(str(self.target), g.entry or self.job.entry, env, cores,
+                                     str(self.logs / f"{self.name[t]}.log")), daemon=False))
 
-    def live(self) -> list[subprocess.Popen]:
+    def live(self) -> list[_Forked]:
         return [p for p in self.procs if p is not None]
+
+
+_FORKS = multiprocessing.get_context("forkserver")
+
+
+def start_fork_server(job: Job) -> None:
+    """Start the fork server now, importing the job's entry modules and `preload`, so that it loads them while
+    the job is being prepared. It is never used for anything but forking: no thread and no OpenMP pool exists in it,
+    which is what makes forking a process that imported torch safe."""
+    entries = {e.partition(":")[0] for e in [job.entry] + [g.entry for g in job.groups] if e}
+    _FORKS.set_forkserver_preload(sorted(entries) + list(job.preload))
+    from multiprocessing import forkserver
+    forkserver.ensure_running()
+
+
+def _task_main(target: str, entry: str, env: dict, cores: list[int], log: str) -> None:
+    """One task, in a process forked from the fork server: what `python -m searchr1.cluster.local` would have
+    been given (a session of its own, its cores, environment and log), then the job's entry."""
+    os.setsid()  # its own process group: ending a rank ends what it started
+    os.sched_setaffinity(0, cores)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # line-buffered, as PYTHONUNBUFFERED gave
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(REPO_ROOT)
+    import torch
+
+    # OpenMP read OMP_NUM_THREADS when the fork server loaded torch, before this rank's environment existed
+    torch.set_num_threads(len(cores))
+    run_dir = Path(target)
+    Job(entry, ()).call(load_config(run_dir), run_dir)
+
+
+class _Forked:
+    """A forked task behind the part of subprocess.Popen's interface the launcher uses."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        proc.start()
+        self.pid = proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.exitcode
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            raise subprocess.TimeoutExpired(f"task pid {self.pid}", timeout)
+        return self.proc.exitcode
 
 
 def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
@@ -171,6 +229,7 @@ def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
     roles = [job.role(t) for t in range(job.tasks)]
     try:
         write_status(run_dir, backend="local", state="PREPARING")
+        start_fork_server(job)
         job.run_prepare(cfg, run_dir)
         addr, port = "127.0.0.1", cfg.cluster.port or free_port()
         if job.target:  # workers joining another run: its store
@@ -251,7 +310,3 @@ def _watch(tasks: _Tasks, run_dir: Path, echo: bool) -> int | None:
             return bad[0][1] if bad else None
         time.sleep(POLL_S)
 
-
-if __name__ == "__main__":
-    run_dir = Path(sys.argv[1])
-    Job(sys.argv[2], ()).call(load_config(run_dir), run_dir)

@@ -98,3 +98,27 @@ def test_forked_ranks_get_their_environment_cores_threads_session_and_log(tmp_pa
     assert local.launch(cfg, tmp_path, job, echo=False) == 7
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["state"] == "FAILED" and status["failed_rank"] == 1 and status["exit_codes"][1] == 7
+
+
+def toy_sleeper(cfg: Config, run_dir: Path) -> None:
+    (run_dir / f"sleeper{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+    time.sleep(HANG_S)
+
+
+def test_an_error_in_the_launcher_leaves_no_rank_behind(tmp_path, monkeypatch):
+    cfg = Config(experiment="local_test", run_root=str(tmp_path), cluster=ClusterConfig(trainer_ranks=1, rollout_ranks=1))
+    (tmp_path / "config.yaml").write_text(config_yaml(cfg))
+
+    def broken_watch(tasks, run_dir, echo):
+        for rank in (0, 1):
+            _wait_for(run_dir / f"sleeper{rank}.pid")
+        raise RuntimeError("the launcher's own bug")
+
+    monkeypatch.setattr(local, "_watch", broken_watch)
+    job = Job("tests.test_local_backend:toy_sleeper", (Group("trainer", 1), Group("rollout", 1)))
+    try:
+        local.launch(cfg, tmp_path, job, echo=False)
+        raise AssertionError("the launcher's error was swallowed")
+    except RuntimeError as e:
+        assert "own bug" in str(e)
+    assert all(_gone(int((tmp_path / f"sleeper{r}.pid").read_text())) for r in (0, 1))

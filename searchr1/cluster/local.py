@@ -254,6 +254,8 @@ def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if tasks is not None and any(p.poll() is None for p in tasks.live()):
+            terminate(tasks.live())  # an error in the launcher itself leaves no rank behind
     codes = [p.returncode for p in tasks.procs]
     if failed is None:
         write_status(run_dir, state="COMPLETED", exit_codes=codes, restarts=tasks.restarts)

@@ -29,7 +29,7 @@ class Job:
     groups: tuple[Group, ...]
     prepare: str = ""  # "module:function", called once as function(cfg, run_dir) before any task starts
     target: str = ""  # the run folder the tasks work in, when not the job's own (a job joining another run)
-    # modules every task imports besides its entry's: a backend that forks its tasks imports them once, before
+    # modules every task imports besides its entry's: a backend that forks its tasks imports them once, first
     preload: tuple[str, ...] = ()
 
     @property

@@ -163,8 +163,8 @@ _FORKS = multiprocessing.get_context("forkserver")
 
 def start_fork_server(job: Job) -> None:
     """Start the fork server now, importing the job's entry modules and `preload`, so that it loads them while
-    the job is being prepared. It is never used for anything but forking: no thread and no OpenMP pool exists in it,
-    which is what makes forking a process that imported torch safe."""
+    the job is being prepared. It only imports and forks: it runs no torch operation, so no OpenMP pool or
+    other thread exists in it to be lost in a fork (what makes forking a process that imported torch safe)."""
     entries = {e.partition(":")[0] for e in [job.entry] + [g.entry for g in job.groups] if e}
     _FORKS.set_forkserver_preload(sorted(entries) + list(job.preload))
     from multiprocessing import forkserver
@@ -172,8 +172,8 @@ def start_fork_server(job: Job) -> None:
 
 
 def _task_main(target: str, entry: str, env: dict, cores: list[int], log: str) -> None:
-    """One task, in a process forked from the fork server: what `python -m searchr1.cluster.local` would have
-    been given (a session of its own, its cores, environment and log), then the job's entry."""
+    """One task, in a process forked from the fork server: what a process of its own would be given (a
+    session, its cores, environment and log), then the job's entry."""
     os.setsid()  # its own process group: ending a rank ends what it started
     os.sched_setaffinity(0, cores)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -10,6 +10,7 @@ how they travel, nor where checkpoints live (searchr1/checkpoint.py writes what 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import random
 
@@ -132,6 +133,11 @@ class Learner:
         """Begin a stage: the objective `algo.name` with a fresh optimizer (a warm start's Adam moments do not
         carry into RL), training the top `train_top_layers` layers (0: all; None: as they are). A KL reference
         is the policy as it is now: the start of this stage."""
+        # The last stage's optimizer state, gradient buckets and reference go before this stage's are built: at a
+        # warm start's end its Adam moments of every parameter are the trainer's largest allocation, and holding
+        # them while the reference loads took the CPU demo's four ranks past the machine's 24 GiB (rank 0 OOM-killed).
+        self.optimizer = self.scheduler = self.ref = None
+        gc.collect()
         if train_top_layers is not None:
             before = [p.requires_grad for p in self.module.parameters()]
             if train_top_layers:
@@ -141,6 +147,8 @@ class Learner:
             if self.ddp is not None and before != [p.requires_grad for p in self.module.parameters()]:
                 # DDP hooks the parameters that need gradients when it wraps the model: wrap it anew
                 idx = [self.device.index] if self.device.type == "cuda" else None
+                self.ddp = None  # its buckets are freed before the new wrapper allocates its own
+                gc.collect()
                 self.ddp = DistributedDataParallel(self.scorer, process_group=self.group, device_ids=idx)
         self.algo = resolve(ALGORITHMS, algo.name, "algo.name")(algo)
         # sampled data is scored at its sampling temperature; supervised targets at the model's own (1)

@@ -13,6 +13,8 @@ flags, not a timing, so that it is the same on every run of one machine.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 
 import torch
@@ -93,3 +95,21 @@ def _deal(n: int, cpus: list[int]) -> list[list[int]]:
 def describe(plan: list[list[int]], roles: list[str], names: list[str]) -> str:
     return ", ".join(f"{n.replace('rank', 'rank ')} ({role}) cores {','.join(map(str, c))}"
                      for n, role, c in zip(names, roles, plan))
+
+
+def return_free_memory() -> None:
+    """Give the pages glibc's heap holds free back to the system. A trainer step frees tensors of every size
+    from 4 KB to 400 MB; glibc keeps the freed middle-sized ones in its heap, so on the CPU demo each trainer's
+    resident memory grew from 4 to 7.3 GiB over ten warm-start steps and the four ranks reached the machine's
+    24 GiB. A fixed mmap threshold (1 MiB) held them at ~5 GiB but made each step 35-45% slower (page faults)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to give back this way
+        return None

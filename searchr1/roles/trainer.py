@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from searchr1 import checkpoint, faults, metrics
+from searchr1 import checkpoint, faults, metrics, placement
 from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.evaluation import write_predictions
@@ -111,6 +111,7 @@ class TrainerRole:
         for step in range(start, schedule.steps):
             if step == schedule.warm > 0:
                 self.learner.restart(*schedule.stage_configs(step))  # RL begins: its objective, a fresh optimizer
+                placement.return_free_memory()
             units = self._collect(step, schedule)
             if units is None:
                 self._stop(step)
@@ -119,6 +120,7 @@ class TrainerRole:
             with t("train"):
                 faults.hit("train", self.topo.rank, step)
                 train_m = self.learner.step(trajs)
+                placement.return_free_memory()
             pub_m = {}
             if self.lead:
                 faults.hit("publish", self.topo.rank, step)

@@ -1,13 +1,14 @@
 """The golden runs: a run's signature (rewards, losses, predictions, final weight digests) and the recorded one.
 
 A refactor or a new schedule must give the same signature for the same seed and config. Float results depend
-on the CPU's instruction set (a bf16 product on avx512_bf16 is not the one on AVX2), so a recorded signature
-carries the fingerprint of the machine kind it was recorded on, and is compared where that matches; the
-in-suite A/B tests (test_golden.py) hold everywhere.
+on the CPU's instruction set (a bf16 product on avx512_bf16 is not the one on AVX2 or on AMX), so each machine
+kind has its own signature, `golden/NAME/KIND.json`, recorded from the same code on that kind; a run is compared
+with its own kind's, and the in-suite A/B tests (test_golden.py) hold everywhere. A change that must keep
+behaviour keeps every recorded kind; one that changes floats on purpose records each kind it can run on again.
 
     python tests/golden.py check smoke        # run the smoke golden and compare (also in make test)
     python tests/golden.py check cpu          # the short search_r1_cpu golden (vLLM, SmolLM2; ~10 min)
-    python tests/golden.py record NAME RUN    # write tests/golden/NAME.json from a run folder
+    python tests/golden.py record NAME RUN    # write tests/golden/NAME/KIND.json (this machine's) from a run folder
 """
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ def fingerprint() -> dict:
         pass
     return {"machine": platform.machine(), "torch": torch.__version__,
             "isa": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})}
+
+
+def kind(fp: dict) -> str:
+    """A recorded signature's file name: the architecture and instruction set (the torch build is checked
+    inside)."""
+    return "-".join([fp["machine"], *fp["isa"]])
 
 
 def signature(run: Path) -> dict:
@@ -94,21 +101,31 @@ def run(name: str, run_root: Path, *extra: str) -> Path:
 
 
 def recorded(name: str) -> dict | None:
-    path = GOLDEN / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    """The signature of golden run `name` recorded on this machine's kind and torch build, or None."""
+    path = GOLDEN / name / f"{kind(fingerprint())}.json"
+    want = json.loads(path.read_text()) if path.exists() else None
+    return want if want is not None and want["fingerprint"] == fingerprint() else None
+
+
+def unrecorded(name: str) -> str:
+    """Why this machine has no signature of `name` to compare with."""
+    kinds = [json.loads(p.read_text())["fingerprint"] for p in sorted((GOLDEN / name).glob("*.json"))]
+    return (f"golden run {name!r} has no signature for this machine kind ({fingerprint()}); recorded: {kinds} "
+            f"(float results differ between instruction sets; `python tests/golden.py record {name} RUN`)")
 
 
 if __name__ == "__main__":
     import tempfile
 
     if len(sys.argv) >= 3 and sys.argv[1] == "record":
-        folder = Path(sys.argv[3])
-        (GOLDEN / f"{sys.argv[2]}.json").write_text(json.dumps(
+        folder, out = Path(sys.argv[3]), GOLDEN / sys.argv[2] / f"{kind(fingerprint())}.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(
             {"fingerprint": fingerprint(), "overrides": RUNS[sys.argv[2]], **signature(folder)}, indent=1) + "\n")
     elif len(sys.argv) == 3 and sys.argv[1] == "check":
         want = recorded(sys.argv[2])
-        if want is None or want["fingerprint"] != fingerprint():
-            sys.exit(f"no signature recorded for this machine kind ({fingerprint()})")
+        if want is None:
+            sys.exit(unrecorded(sys.argv[2]))
         with tempfile.TemporaryDirectory() as tmp:
             got = signature(run(sys.argv[2], Path(tmp)))
         diff = differences(want, got)

@@ -102,9 +102,10 @@ def run(name: str, run_root: Path, *extra: str) -> Path:
 
 def recorded(name: str) -> dict | None:
     """The signature of golden run `name` recorded on this machine's kind and torch build, or None."""
-    path = GOLDEN / name / f"{kind(fingerprint())}.json"
+    fp = fingerprint()
+    path = GOLDEN / name / f"{kind(fp)}.json"
     want = json.loads(path.read_text()) if path.exists() else None
-    return want if want is not None and want["fingerprint"] == fingerprint() else None
+    return want if want is not None and want["fingerprint"] == fp else None
 
 
 def unrecorded(name: str) -> str:

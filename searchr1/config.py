@@ -120,8 +120,11 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.6
     kv_cache_gib: float = 1.0  # CPU backend's KV cache (VLLM_CPU_KVCACHE_SPACE)
     enforce_eager: bool = True
+    # KV block in tokens (0: vLLM's default, 128 on CPU); prefix caching reuses whole blocks only
+    block_size: int = 0
 
     def __post_init__(self):
+        _positive(self, "engine.vllm", "block_size", strict=False)
         _check(0 < self.gpu_memory_utilization <= 1, "engine.vllm.gpu_memory_utilization",
                self.gpu_memory_utilization, "must be in (0, 1]")
         _positive(self, "engine.vllm", "kv_cache_gib")
@@ -137,6 +140,7 @@ class EngineConfig:
 
     def __post_init__(self):
         _one_of("engine.name", self.name, registry.ENGINES)
+        self.compute_dtype = registry.DTYPE_ALIASES.get(self.compute_dtype, self.compute_dtype)
         _one_of("engine.compute_dtype", self.compute_dtype, registry.COMPUTE_DTYPES)
         _positive(self, "engine", "eval_batch_size")
 
@@ -241,6 +245,7 @@ class TrainerConfig:
     def __post_init__(self):
         _positive(self, "trainer", "micro_batch_tokens")
         _positive(self, "trainer", "train_top_layers", strict=False)
+        self.compute_dtype = registry.DTYPE_ALIASES.get(self.compute_dtype, self.compute_dtype)
         _one_of("trainer.compute_dtype", self.compute_dtype, registry.COMPUTE_DTYPES)
 
 

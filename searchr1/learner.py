@@ -121,6 +121,7 @@ class Learner:
         dtype, why = placement.compute_dtype(trainer.compute_dtype, self.device)
         log.info("trainer computes in %s (%s); master weights fp32", dtype, why)
         self.compute_dtype = None if dtype == torch.float32 else dtype
+        self.compute_dtype_name = str(dtype).removeprefix("torch.")
         self.scorer = TrainedLogits(self.module)
         self.ddp = None
         if self.world > 1:

@@ -32,6 +32,7 @@ REWARDS = {
 }
 PROMPTS = ("search_r1", "search_r1_example")  # searchr1/agent.py: the paper's instruction, or plus a worked example
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: bf16 where the device computes it fast (searchr1/placement.py)
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}  # the short spellings, stored under the full names
 
 
 def resolve(table: dict[str, str], name: str, what: str):

@@ -72,6 +72,11 @@ def progress(run_dir: Path, line: str) -> None:
         f.write(f"{stamp} {line}\n")
 
 
+def utc_now() -> str:
+    """The timestamp status.json records (started_at, ended_at)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
 def write_status(run_dir: Path, **fields) -> None:
     """Merge fields into status.json (atomic replace: a reader never sees half a file)."""
     path = Path(run_dir) / "status.json"

@@ -71,6 +71,36 @@ def paired_predictions(a: list[dict], b: list[dict], key: str = "em") -> Paired:
     return mcnemar([bool(p[key]) for p in a], [bool(by_id[p["id"]][key]) for p in a])
 
 
+@dataclass(frozen=True)
+class Pooled:
+    """Paired evaluations of several runs (seeds, compute dtypes) taken together."""
+
+    runs: int
+    only_a: int  # discordant questions right only in A, summed over the runs
+    only_b: int
+    p_value: float  # exact stratified test: under "no difference" every discordant question of every run is a fair coin
+    runs_up: int  # runs whose B has more right than its A
+    runs_down: int
+    sign_p_value: float  # sign test over the runs (ties dropped): does the direction repeat?
+    median_delta_points: float
+
+
+def pool(results: list[Paired]) -> Pooled:
+    """The runs' discordant questions added up: each is a fair coin under the null hypothesis whichever run it
+    comes from, so their total is one binomial (the exact stratified McNemar test); and the sign test over runs,
+    which asks only whether each run moved the same way. A result that holds across seeds passes both."""
+    if not results:
+        raise ValueError("pool() needs at least one paired result")
+    only_a, only_b = sum(r.only_a for r in results), sum(r.only_b for r in results)
+    up = sum(r.b_correct > r.a_correct for r in results)
+    down = sum(r.b_correct < r.a_correct for r in results)
+    deltas = sorted(r.delta_points for r in results)
+    mid = len(deltas) // 2
+    median = deltas[mid] if len(deltas) % 2 else (deltas[mid - 1] + deltas[mid]) / 2
+    return Pooled(len(results), only_a, only_b, binom_two_sided(only_b, only_a + only_b), up, down,
+                  binom_two_sided(up, up + down), median)
+
+
 def describe(name_a: str, name_b: str, r: Paired) -> str:
     lo_a, hi_a = wilson(r.a_correct, r.n)
     lo_b, hi_b = wilson(r.b_correct, r.n)

@@ -176,3 +176,10 @@ def test_each_default_is_stated_once():
             if value == _default(key):
                 restated.append(f"{path.relative_to(ROOT)}: {key}={value!r}")
     assert not restated, restated
+
+
+def test_compute_dtypes_take_their_short_spellings():
+    cfg = compose_cfg("+experiment=search_r1_cpu", "trainer.compute_dtype=fp32", "engine.compute_dtype=bf16")
+    assert (cfg.trainer.compute_dtype, cfg.engine.compute_dtype) == ("float32", "bfloat16")
+    with pytest.raises(SystemExit, match="trainer.compute_dtype"):
+        compose_cfg("trainer.compute_dtype=fp16")

@@ -80,6 +80,14 @@ def test_run_folder_holds_config_git_and_checkpoints(smoke_run):
     assert data["corpus_scope"] == "train+eval" and data["heldout_questions"] == 4
     latest = (run / "checkpoints" / "latest").read_text().strip()
     assert latest == "step_000003" and (run / "checkpoints" / latest / "trainer.pt").is_file()
+    # the run's record names its seed and what each role computed in (compute_dtype=auto decides per machine)
+    import torch
+
+    from searchr1.placement import compute_dtype
+
+    summary = json.loads((run / "summary.json").read_text())
+    native = str(compute_dtype("auto", torch.device("cpu"))[0]).removeprefix("torch.")
+    assert summary["seed"] == 0 and summary["compute_dtype"] == {"trainer": native, "engine": native}
 
 
 def test_notebook_executes_on_the_run_folder(smoke_run, tmp_path):

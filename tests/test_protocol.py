@@ -122,7 +122,7 @@ class Splits:
 class FakeLearner:
     """Records which weights versions each step's data came from; 'weights' are just the version."""
 
-    rank, device = 0, "cpu"
+    rank, device, compute_dtype_name = 0, "cpu", "float32"
 
     def __init__(self):
         self.step_count, self.trained = 0, []
@@ -185,6 +185,8 @@ class Q:
 
 
 class FakeWorker:
+    compute_dtype = "float32"
+
     def __init__(self, splits, delay_s=0.0):
         self.splits, self.delay_s = splits, delay_s
 

@@ -46,3 +46,18 @@ def test_paired_predictions_match_by_question_id():
     assert (r.a_correct, r.b_correct, r.only_a, r.only_b) == (1, 3, 0, 2)
     with pytest.raises(ValueError, match="differ in questions"):
         paired_predictions(a, b[:2])
+
+
+def test_pooled_runs_add_their_discordant_questions_and_count_directions():
+    from searchr1.stats import pool
+
+    runs = [mcnemar([False] * 10 + [True] * 2, [True] * 10 + [False] * 2),  # 10 gained, 2 lost
+            mcnemar([False] * 6 + [True] * 1, [True] * 6 + [False] * 1),  # 6 gained, 1 lost
+            mcnemar([True] * 3 + [False] * 4, [False] * 3 + [True] * 4)]  # 4 gained, 3 lost
+    p = pool(runs)
+    assert (p.runs, p.only_a, p.only_b, p.runs_up, p.runs_down) == (3, 6, 20, 3, 0)
+    assert p.p_value == pytest.approx(binom_two_sided(20, 26))
+    assert p.sign_p_value == pytest.approx(2 * 0.5**3)
+    assert p.median_delta_points == pytest.approx(100 * 8 / 12)  # the runs gained 8/12, 5/7 and 1/7 of their questions
+    with pytest.raises(ValueError, match="at least one"):
+        pool([])

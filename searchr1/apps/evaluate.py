@@ -42,6 +42,7 @@ def main(cfg: Config, run_dir: Path) -> dict:
     predictions, summary = worker.evaluate(
         splits.evaluation, lambda done, total: progress(run_dir, f"{splits.eval_on} eval: {done}/{total}"))
     summary = {"model": model.path or model.name, "checkpoint": cfg.checkpoint or None, "engine": cfg.engine.name,
+               "compute_dtype": worker.compute_dtype, "seed": cfg.seed,
                "search": cfg.agent.search, "max_searches": cfg.agent.max_searches, "eval_file": cfg.data.eval_file,
                **summary}
     write_predictions(run_dir / "predictions.jsonl", predictions)

@@ -22,7 +22,6 @@
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -35,16 +34,12 @@ from searchr1.cluster import snapshot
 from searchr1.cluster.script import STOP_SIGNAL
 from searchr1.cluster.task import exits_dir, free_port, load_job
 from searchr1.liveness import EXIT_STOPPED
-from searchr1.rundir import load_config, write_status
+from searchr1.rundir import load_config, utc_now, write_status
 
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"})  # what a run's status may end in
 FAILURE_FIELDS = ("failed_rank", "failed_task", "failed_role", "node", "exit_code", "signal", "reason")
 TIME_LIMIT = f"SIG{STOP_SIGNAL}"
 BATCH_SIGNAL = "SEARCHR1_BATCH_SIGNAL"  # set by the batch script's trap when the batch shell itself is signalled
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _status(run_dir: Path) -> dict:
@@ -80,8 +75,8 @@ def start(run_dir: Path) -> int:
         print(f"[batch] warning: the interpreter's packages changed since the submission: {', '.join(changed)}",
               file=sys.stderr, flush=True)
     write_status(run_dir, backend="slurm", state="RUNNING", job_id=job_id, restart=restart, batch_node=host,
-                 started_at=_now(), packages_changed=changed, **dict.fromkeys(FAILURE_FIELDS))
-    print(f"[batch] {_now()} job {job_id} restart {restart} on {host}", flush=True)
+                 started_at=utc_now(), packages_changed=changed, **dict.fromkeys(FAILURE_FIELDS))
+    print(f"[batch] {utc_now()} job {job_id} restart {restart} on {host}", flush=True)
     return 0
 
 
@@ -92,7 +87,7 @@ def port(run_dir: Path) -> int:
         found = free_port(os.environ["SLURM_JOB_ID"], load_config(run_dir).cluster)
     except RuntimeError as err:
         host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        write_status(run_dir, state="FAILED", ended_at=_now(), **dict.fromkeys(FAILURE_FIELDS),
+        write_status(run_dir, state="FAILED", ended_at=utc_now(), **dict.fromkeys(FAILURE_FIELDS),
                      failed_role="rendezvous", node=host, reason=str(err))
         print(f"[batch] {err}", file=sys.stderr, flush=True)
         return 1
@@ -175,7 +170,7 @@ def finish(run_dir: Path, rc: int, prepare: bool = False, rollouts: bool = False
     if stopped:
         return _stopped_job(run_dir, cfg, job_id, int(restart), sorted({s for e in stopped for s in e["stop_signals"]}))
     if rc == 0 and len(ends) == job.world:
-        write_status(run_dir, state="COMPLETED", ended_at=_now())
+        write_status(run_dir, state="COMPLETED", ended_at=utc_now())
         print(f"[batch] job {job_id}: every rank completed", flush=True)
         return 0
     signalled = os.environ.get(BATCH_SIGNAL)
@@ -197,14 +192,14 @@ def _joined(run_dir: Path, job, job_id: str, restart: str, rc: int) -> int:
 
     workers = _ends(run_dir, job_id, restart, "worker")
     if rc == 0 or (workers and run_over(Path(job.target))):
-        write_status(run_dir, state="COMPLETED", ended_at=_now(), target=str(job.target))
+        write_status(run_dir, state="COMPLETED", ended_at=utc_now(), target=str(job.target))
         print(f"[batch] job {job_id}: the workers left with the run {job.target}", flush=True)
         return 0
     return _workers_failed(run_dir, job_id, restart, rc)
 
 
 def _failed(run_dir: Path, fields: dict, log: Path, code: int) -> int:
-    write_status(run_dir, state="FAILED", ended_at=_now(), **fields)
+    write_status(run_dir, state="FAILED", ended_at=utc_now(), **fields)
     print(f"[batch] {describe(fields)}\n  see {log}", file=sys.stderr, flush=True)
     return code
 
@@ -217,7 +212,7 @@ def _stopped_job(run_dir: Path, cfg, job_id: str, restart: int, signals: list[st
     if state != "RUNNING":
         # Slurm is ending the job (a cancel, the time limit): COMPLETING. A requeue would undo a cancel.
         reason = f"the ranks stopped on {why}; Slurm is ending the job (JobState={state}): not requeued"
-        write_status(run_dir, state="STOPPED", stop_signal=why, checkpoint=point, reason=reason, ended_at=_now())
+        write_status(run_dir, state="STOPPED", stop_signal=why, checkpoint=point, reason=reason, ended_at=utc_now())
         print(f"[batch] {reason}", flush=True)
         return 0
     requeues = _status(run_dir).get("requeues", [])
@@ -226,10 +221,10 @@ def _stopped_job(run_dir: Path, cfg, job_id: str, restart: int, signals: list[st
     if why == TIME_LIMIT and timeouts > limit:
         reason = (f"stopped at the time limit {timeouts} time(s), more than cluster.slurm.max_timeouts={limit}: not "
                   f"requeued; " + (f"the run resumes from {point}" if point else "the run has no checkpoint yet"))
-        write_status(run_dir, state="TIMEOUT", stop_signal=why, checkpoint=point, reason=reason, ended_at=_now())
+        write_status(run_dir, state="TIMEOUT", stop_signal=why, checkpoint=point, reason=reason, ended_at=utc_now())
         print(f"[batch] {reason}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
-    entry = {"restart": restart, "signal": why, "checkpoint": point, "at": _now()}
+    entry = {"restart": restart, "signal": why, "checkpoint": point, "at": utc_now()}
     write_status(run_dir, state="REQUEUED", stop_signal=why, checkpoint=point, requeues=requeues + [entry])
     saved = f"checkpoint {point}" if point else "no checkpoint yet"
     print(f"[batch] {entry['at']} the ranks stopped on {why} ({saved}): requeueing job {job_id}", flush=True)
@@ -237,7 +232,7 @@ def _stopped_job(run_dir: Path, cfg, job_id: str, restart: int, signals: list[st
     out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     if out.returncode == 0:
         return EXIT_STOPPED
-    write_status(run_dir, state="FAILED", ended_at=_now(), **dict.fromkeys(FAILURE_FIELDS),
+    write_status(run_dir, state="FAILED", ended_at=utc_now(), **dict.fromkeys(FAILURE_FIELDS),
                  reason=f"scontrol requeue {job_id} failed: {(out.stderr or out.stdout).strip()}")
     print(f"[batch] scontrol requeue {job_id} failed: {(out.stderr or out.stdout).strip()}", file=sys.stderr,
           flush=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 from searchr1 import placement
 from searchr1.cluster.job import Job
 from searchr1.config import Config
-from searchr1.rundir import REPO_ROOT, load_config, write_status
+from searchr1.rundir import REPO_ROOT, load_config, utc_now, write_status
 
 POLL_S = 0.2
 GRACE_S = 10.0  # from SIGTERM to SIGKILL for a rank that does not exit by itself
@@ -228,7 +228,7 @@ def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
     tasks = None
     roles = [job.role(t) for t in range(job.tasks)]
     try:
-        write_status(run_dir, backend="local", state="PREPARING")
+        write_status(run_dir, backend="local", state="PREPARING", started_at=utc_now())
         start_fork_server(job)
         job.run_prepare(cfg, run_dir)
         addr, port = "127.0.0.1", cfg.cluster.port or free_port()
@@ -247,7 +247,7 @@ def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
         if tasks is not None:
             terminate(tasks.live())
         name = signal.Signals(stop.signum).name
-        write_status(run_dir, state="CANCELLED", signal=name,
+        write_status(run_dir, state="CANCELLED", signal=name, ended_at=utc_now(),
                      exit_codes=[p.returncode for p in tasks.live()] if tasks else [])
         print(f"[local] {name}: every rank ended; run folder {run_dir}", file=sys.stderr, flush=True)
         return 128 + stop.signum
@@ -258,12 +258,13 @@ def launch(cfg: Config, run_dir: Path, job: Job, echo: bool = True) -> int:
             terminate(tasks.live())  # an error in the launcher itself leaves no rank behind
     codes = [p.returncode for p in tasks.procs]
     if failed is None:
-        write_status(run_dir, state="COMPLETED", exit_codes=codes, restarts=tasks.restarts)
+        write_status(run_dir, state="COMPLETED", exit_codes=codes, restarts=tasks.restarts, ended_at=utc_now())
         return 0
     log = run_dir / "logs" / f"{tasks.name[failed]}.log"
     reason = _last_error(log)
     write_status(run_dir, state="FAILED", failed_rank=tasks.rank[failed], failed_task=tasks.name[failed],
-                 failed_role=roles[failed], exit_codes=codes, reason=reason, restarts=tasks.restarts)
+                 failed_role=roles[failed], exit_codes=codes, reason=reason, restarts=tasks.restarts,
+                 ended_at=utc_now())
     print(f"{tasks.name[failed].replace('rank', 'rank ')} ({roles[failed]}) failed with exit code {codes[failed]}: "
           f"{reason}\n  see {log}", file=sys.stderr)
     return codes[failed] if codes[failed] > 0 else 1

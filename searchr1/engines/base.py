@@ -53,6 +53,7 @@ class Generation:
 
 class Engine(Protocol):
     tokenizer: object
+    compute_dtype: torch.dtype  # what its matrix products run in (its weights travel in bf16 whatever this is)
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
         """One Generation per prompt, in order; all prompts run as one batch."""

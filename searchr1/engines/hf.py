@@ -60,7 +60,8 @@ class HFEngine:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         # fp32 compute keeps bf16 masters for weight sync (exact: the fp32 weights are bf16 values)
-        fp32 = next(self.model.parameters()).dtype == torch.float32
+        self.compute_dtype = next(self.model.parameters()).dtype
+        fp32 = self.compute_dtype == torch.float32
         self.mirror = Bf16Mirror(dict(self.model.named_parameters())) if fp32 else None
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)

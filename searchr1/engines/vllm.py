@@ -189,11 +189,13 @@ class VLLMEngine:
             _shield_llvmlite()
         elif device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
-        self.max_model_len = max_model_len
+        self.max_model_len, self.compute_dtype = max_model_len, dtype
         self.temperature = temperature
         kwargs = dict(model=model_path, dtype=str(dtype).removeprefix("torch."), seed=0,
                       enforce_eager=engine_cfg.vllm.enforce_eager, max_model_len=self.max_model_len,
                       logprobs_mode="raw_logprobs" if temperature == 1.0 else "processed_logprobs")
+        if engine_cfg.vllm.block_size:
+            kwargs["block_size"] = engine_cfg.vllm.block_size
         if current_platform.is_cpu():
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))
         else:

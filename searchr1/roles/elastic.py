@@ -230,7 +230,8 @@ class ElasticWorker:
         self._version(self.schedule.version_for(t.key))
         faults.hit("rollout", self.slot, t.key)
         trajs, m = self.worker.generate(t.unit, lambda: self.weights.applied, self.schedule.stage(t.key))
-        return {"unit": t.unit, "trajectories": trajs, "metrics": m, "worker": self.id}
+        return {"unit": t.unit, "trajectories": trajs, "metrics": m, "worker": self.id,
+                "engine_dtype": self.worker.compute_dtype}
 
 
 def run_worker(cfg: Config, run_dir: Path) -> None:

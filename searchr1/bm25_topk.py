@@ -151,9 +151,41 @@ def _kth(vals, n, top):
     return top[k - 1]
 
 
-@numba.njit(cache=True, nogil=True)
+class Workspace:
+    """The kernel's per-passage scratch arrays, kept between calls (one per thread): allocating and zeroing them
+    anew cost a single query on 1M passages more than its postings did. `acc` is all zeros between calls (the
+    kernel clears what it touched)."""
+
+    def __init__(self):
+        self.n_docs, self.extra = -1, -1
+        self.acc = self.cand = self.part = self.fin = self.ex = None
+
+    def arrays(self, n_docs: int, extra: int) -> tuple:
+        if n_docs != self.n_docs or extra > self.extra:
+            self.n_docs, self.extra = n_docs, max(extra, 1025)  # room for k up to 1,024 without a regrowth
+            self.acc = np.zeros(n_docs, dtype=np.float32)
+            self.cand = np.empty(n_docs + self.extra, dtype=np.int32)
+            self.part = np.empty(n_docs, dtype=np.float32)
+            self.fin = np.empty(n_docs + self.extra, dtype=np.int64)
+            self.ex = np.empty(n_docs + self.extra, dtype=np.float64)
+        return self.acc, self.cand, self.part, self.fin, self.ex
+
+
 def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf_v, k1, b, avgdl, k, depth,
-                check_len=-1, probe_walk=PROBE_WALK, reprobe=REPROBE):
+                check_len=-1, probe_walk=PROBE_WALK, reprobe=REPROBE, ws: Workspace | None = None):
+    """_top_k_exact with every argument passed: numba's dispatcher resolves omitted default arguments on a slow
+    path (~230 us of CPU per call, measured: more than a short query's whole search), so a call never omits any.
+    `ws`: the calling thread's Workspace (None: a fresh one)."""
+    ws = Workspace() if ws is None else ws
+    acc, cand, part, fin, ex = ws.arrays(len(len_d), max(depth, k) + 1)
+    return _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf_v, float(k1), float(b),
+                        float(avgdl), int(k), int(depth), int(check_len), int(probe_walk), int(reprobe),
+                        acc, cand, part, fin, ex)
+
+
+@numba.njit(cache=True, nogil=True)
+def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf_v, k1, b, avgdl, k, depth,
+                 check_len, probe_walk, reprobe, acc, cand, part, fin, ex):
     """Each query's k best passages (score desc, passage asc; scores > 0 only) with rank_bm25's exact scores;
     query i is q_ids[q_ptr[i]:q_ptr[i + 1]], its word ids in order (-1: unknown word, skipped).
 
@@ -171,7 +203,9 @@ def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf
     (4x the bound) of its exact value, and term bounds are inflated by 2^-20, so a dropped passage provably
     scores below the exact k-th: the result is rank_bm25's, not an approximation of it.
     `depth`: at least this many of the best float32 candidates are rescored, even when fewer are in reach;
-    check_len (-1: max(CHECK_LEN, passages // CHECK_FRAC)), probe_walk, reprobe: see CHECK_LEN."""
+    check_len (-1: max(CHECK_LEN, passages // CHECK_FRAC)), probe_walk, reprobe: see CHECK_LEN.
+    acc, cand, part, fin, ex: Workspace.arrays (acc all zeros; the best few are added to a walk's candidates
+    before duplicates are removed, hence the extra max(depth, k) + 1 entries of cand, fin and ex)."""
     n_q = len(q_ptr) - 1
     n_docs = len(len_d)
     if check_len < 0:
@@ -179,9 +213,6 @@ def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf
     n_probe = max(k, 8)
     out_pid = np.full((n_q, k), -1, dtype=np.int64)
     out_score = np.zeros((n_q, k), dtype=np.float64)
-    acc = np.zeros(n_docs, dtype=np.float32)
-    extra = max(depth, k) + 1  # the best few are added to a walk's candidates before duplicates are removed
-    cand = np.empty(n_docs + extra, dtype=np.int32)
     m_max = 1
     for qi in range(n_q):
         m_max = max(m_max, q_ptr[qi + 1] - q_ptr[qi])
@@ -198,9 +229,6 @@ def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf
     pe = np.empty(n_probe, dtype=np.float64)
     hs = np.empty(max(depth, k, 1), dtype=np.float32)
     hd = np.empty(max(depth, k, 1), dtype=np.int64)
-    part = np.empty(n_docs, dtype=np.float32)
-    fin = np.empty(n_docs + extra, dtype=np.int64)
-    ex = np.empty(n_docs + extra, dtype=np.float64)
     for qi in range(n_q):
         lo_q, hi_q = q_ptr[qi], q_ptr[qi + 1]
         m = 0

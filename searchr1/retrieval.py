@@ -26,6 +26,7 @@ import os
 import pickle
 import re
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
@@ -201,6 +202,7 @@ class BM25sIndex(Index):
         self.vocab = bm.vocab_dict
         self._maxv = None
         self._pool, self._pool_size = None, 0
+        self._ws = threading.local()  # each thread's kernel scratch (bm25_topk.Workspace), reused across calls
 
     @classmethod
     def build(cls, passages, cfg):
@@ -240,9 +242,12 @@ class BM25sIndex(Index):
             q_ptr = np.cumsum([0] + [len(ids[i]) for i in chunk], dtype=np.int64)
             q_ids = np.fromiter((t for i in chunk for t in ids[i]), dtype=np.int64, count=int(q_ptr[-1]))
             b = self.cfg.bm25
+            ws = getattr(self._ws, "ws", None)
+            if ws is None:
+                ws = self._ws.ws = bm25_topk.Workspace()
             pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, s["indptr"], s["indices"], s["data"], self._maxv,
-                                                self.tf_z, self.len_d, self.idf_v, float(b.k1), float(b.b),
-                                                self.avgdl, k, b.rerank_depth)
+                                                     self.tf_z, self.len_d, self.idf_v, b.k1, b.b, self.avgdl, k,
+                                                     b.rerank_depth, ws=ws)
             for row, i in enumerate(chunk):
                 out[i] = [(p, sc) for p, sc in zip(pid_qk[row].tolist(), score_qk[row].tolist()) if p >= 0]
 

@@ -257,10 +257,16 @@ def test_top_k_exact_is_rank_bm25_with_and_without_pruning(okapi_case, check_len
     ids = [[ix.vocab.get(w, -1) for w in t] for t in toks]
     q_ptr = np.cumsum([0] + [len(x) for x in ids])
     q_ids = np.array([t for x in ids for t in x] or [0])
-    for k in (1, 3, 7):
-        pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, *arrays, k, 0, check_len, 8, 4)
+    ws = bm25_topk.Workspace()  # one scratch for every call, as a rollout's thread keeps it
+    for k in (1, 3, 7, 1000):
+        pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, *arrays, k, 0, check_len, 8, 4, ws=ws)
         for i, sc in enumerate(scores):
             want = [int(j) for j in np.lexsort((np.arange(len(sc)), -sc))[:k] if sc[j] > 0]
             got = [int(p) for p in pid_qk[i] if p >= 0]
             assert got == want, queries[i]
             assert score_qk[i, :len(got)].tolist() == [sc[j] for j in want], queries[i]  # bit for bit
+            if k == 3:  # the same query alone, after every other query has dirtied and cleaned the scratch
+                one = bm25_topk.top_k_exact(q_ptr[i:i + 2] - q_ptr[i], q_ids[q_ptr[i]:q_ptr[i + 1]], *arrays, k, 0,
+                                            check_len, 8, 4, ws=ws)
+                assert one[0][0].tolist() == pid_qk[i].tolist() and one[1][0].tolist() == score_qk[i].tolist()
+        assert not ws.acc.any()

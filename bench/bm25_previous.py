@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from searchr1 import retrieval
-from searchr1.bm25_topk import _heap_push  # unchanged since b4dff5f
+from searchr1.bm25_select import heap_push as _heap_push  # unchanged since b4dff5f
 
 
 @numba.njit(cache=True, nogil=True)

@@ -7,75 +7,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-
-@numba.njit(cache=True, nogil=True)
-def _heap_push(hs, hd, n, s, d):
-    """Keep the best len(hs) (score, doc) pairs in a min-heap, ranking (score desc, doc asc); return its size."""
-    cap = hs.shape[0]
-    if n == cap:
-        if s < hs[0] or (s == hs[0] and d > hd[0]):
-            return n
-        i = 0  # replace the worst, sift down
-        while True:
-            c = 2 * i + 1
-            if c >= cap:
-                break
-            if c + 1 < cap and (hs[c + 1] < hs[c] or (hs[c + 1] == hs[c] and hd[c + 1] > hd[c])):
-                c += 1
-            if hs[c] < s or (hs[c] == s and hd[c] > d):
-                hs[i], hd[i] = hs[c], hd[c]
-                i = c
-            else:
-                break
-        hs[i], hd[i] = s, d
-        return n
-    i = n  # append, sift up
-    while i > 0:
-        par = (i - 1) // 2
-        if hs[par] > s or (hs[par] == s and hd[par] < d):
-            hs[i], hd[i] = hs[par], hd[par]
-            i = par
-        else:
-            break
-    hs[i], hd[i] = s, d
-    return n + 1
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _sort_unique(cand, n):
-    """Sort cand[:n] and drop repeats in place; the new length."""
-    cand[:n].sort()
-    u = 0
-    for i in range(n):
-        if i == 0 or cand[i] != cand[i - 1]:
-            cand[u] = cand[i]
-            u += 1
-    return u
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _find(doc_z, lo, hi, d):
-    """The first position in doc_z[lo:hi] (sorted) whose passage is >= d."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if doc_z[mid] < d:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _gallop(doc_z, p, hi, d):
-    """The first position in doc_z[p:hi] (sorted) whose passage is >= d, searching outward from p: ~2 log2 of
-    the distance, for candidates visited in order through a long postings list."""
-    if p >= hi or doc_z[p] >= d:
-        return p
-    step = 1
-    while p + step < hi and doc_z[p + step] < d:
-        p += step
-        step <<= 1
-    return _find(doc_z, p + 1, min(p + step, hi), d)
+from searchr1.bm25_select import find, gallop, heap_push, kth, sort_unique
 
 
 @numba.njit(cache=True, nogil=True)
@@ -87,12 +19,40 @@ def _exact_score(q_ids, lo_q, hi_q, d, indptr_v, doc_z, tf_z, dl, idf_v, k1, b, 
         if t < 0:
             continue
         lo, hi = indptr_v[t], indptr_v[t + 1]
-        pos = _find(doc_z, lo, hi, d)
+        pos = find(doc_z, lo, hi, d)
         if pos < hi and doc_z[pos] == d:
             f = float(tf_z[pos])
             s += idf_v[t] * (f * (k1 + 1.0) / (f + k1 * (1.0 - b + b * dl / avgdl)))
     return s
 
+
+
+@numba.njit(cache=True, nogil=True)
+def _exact_scores(fin, n_f, ex, q_ids, lo_q, hi_q, indptr_v, doc_z, tf_z, len_d, idf_v, k1, b, avgdl):
+    """_exact_score of each passage of fin[:n_f] (sorted) into ex[:n_f], query token by query token: each token's
+    postings are merged with the passages (or searched from one to the next, when they are far more), where one
+    search per passage and token cost ~13 probes each for a thousand candidates. The same expression, added in
+    the same order, from the same 0.0: the same bits."""
+    ex[:n_f] = 0.0
+    for e in range(lo_q, hi_q):
+        t = q_ids[e]
+        if t < 0:
+            continue
+        lo, hi = indptr_v[t], indptr_v[t + 1]
+        p = lo
+        far = hi - lo > 16 * n_f
+        for i in range(n_f):
+            d = fin[i]
+            if far:
+                p = gallop(doc_z, p, hi, d)
+            else:
+                while p < hi and doc_z[p] < d:
+                    p += 1
+            if p == hi:
+                break
+            if doc_z[p] == d:
+                f = float(tf_z[p])
+                ex[i] += idf_v[t] * (f * (k1 + 1.0) / (f + k1 * (1.0 - b + b * float(len_d[d]) / avgdl)))
 
 # top_k_exact's tuning (speed only, never results): a list shorter than max(CHECK_LEN, passages / CHECK_FRAC)
 # postings is added rather than preceded by a checkpoint (measured here: on 6,880 passages no checkpoint pays,
@@ -102,63 +62,45 @@ CHECK_LEN, CHECK_FRAC, PROBE_WALK, REPROBE = 16384, 8, 1024, 256
 
 
 @numba.njit(cache=True, nogil=True)
-def _best_partial(acc, hs, hd, indptr_v, doc_z, terms, order, upto, n_docs, walk, limit):
-    """The len(hs) largest partial sums (a heap, see _heap_push), over the passages of the postings of the first
+def _best_partial(acc, hs, hd, indptr_v, doc_z, terms, order, upto, n_docs, walk, limit, seen):
+    """The len(hs) largest partial sums (a heap, see heap_push), over the passages of the postings of the first
     `upto` terms of `order`, at most `limit` postings (walk: when they are fewer than the passages), or over the
-    whole accumulator. Returns how many."""
+    whole accumulator. Returns how many. `seen`: all zeros, left so (a passage in several of these lists is seen
+    once per list: it is marked there, and a second walk unmarks; searching the heap for it cost k per posting)."""
     n = 0
     if walk:
-        left = limit
-        for jj in range(upto):
-            t = terms[order[jj]]
-            lo = indptr_v[t]
-            hi = min(indptr_v[t + 1], lo + left)
-            left -= hi - lo
-            for p in range(lo, hi):
-                d = doc_z[p]
-                v = acc[d]
-                if n < hs.shape[0] or v > hs[0]:
-                    dup = False  # a passage in several of these lists is seen once per list
-                    for i in range(n):
-                        if hd[i] == d:
-                            dup = True
-                            break
-                    if not dup:
-                        n = _heap_push(hs, hd, n, v, d)
+        for unmark in (False, True):
+            left = limit
+            for jj in range(upto):
+                t = terms[order[jj]]
+                lo = indptr_v[t]
+                hi = min(indptr_v[t + 1], lo + left)
+                left -= hi - lo
+                for p in range(lo, hi):
+                    d = doc_z[p]
+                    if unmark:
+                        seen[d] = 0
+                    elif not seen[d]:
+                        seen[d] = 1
+                        v = acc[d]
+                        if n < hs.shape[0] or v > hs[0]:
+                            n = heap_push(hs, hd, n, v, d)
     else:
         for d in range(n_docs):
             v = acc[d]
             if v > 0 and (n < hs.shape[0] or v > hs[0]):
-                n = _heap_push(hs, hd, n, v, d)
+                n = heap_push(hs, hd, n, v, d)
     return n
-
-
-@numba.njit(cache=True, nogil=True)
-def _kth(vals, n, top):
-    """The k-th largest of vals[:n] (-1 when n < k), k = len(top) (scratch), in one pass: k is small, n may not be."""
-    k = top.shape[0]
-    if n < k:
-        return -1.0
-    top[:] = -np.inf  # descending
-    for i in range(n):
-        v = vals[i]
-        if v > top[k - 1]:
-            j = k - 1
-            while j > 0 and top[j - 1] < v:
-                top[j] = top[j - 1]
-                j -= 1
-            top[j] = v
-    return top[k - 1]
 
 
 class Workspace:
     """The kernel's per-passage scratch arrays, kept between calls (one per thread): allocating and zeroing them
-    anew cost a single query on 1M passages more than its postings did. `acc` is all zeros between calls (the
-    kernel clears what it touched)."""
+    anew cost a single query on 1M passages more than its postings did. `acc` and `seen` are all zeros between
+    calls (the kernel clears what it touched)."""
 
     def __init__(self):
         self.n_docs, self.extra = -1, -1
-        self.acc = self.cand = self.part = self.fin = self.ex = None
+        self.acc = self.cand = self.part = self.fin = self.ex = self.seen = None
 
     def arrays(self, n_docs: int, extra: int) -> tuple:
         if n_docs != self.n_docs or extra > self.extra:
@@ -168,7 +110,8 @@ class Workspace:
             self.part = np.empty(n_docs, dtype=np.float32)
             self.fin = np.empty(n_docs + self.extra, dtype=np.int64)
             self.ex = np.empty(n_docs + self.extra, dtype=np.float64)
-        return self.acc, self.cand, self.part, self.fin, self.ex
+            self.seen = np.zeros(n_docs, dtype=np.uint8)
+        return self.acc, self.cand, self.part, self.fin, self.ex, self.seen
 
 
 def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf_v, k1, b, avgdl, k, depth,
@@ -177,15 +120,15 @@ def top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf
     path (~230 us of CPU per call, measured: more than a short query's whole search), so a call never omits any.
     `ws`: the calling thread's Workspace (None: a fresh one)."""
     ws = Workspace() if ws is None else ws
-    acc, cand, part, fin, ex = ws.arrays(len(len_d), max(depth, k) + 1)
+    acc, cand, part, fin, ex, seen = ws.arrays(len(len_d), max(depth, k) + 1)
     return _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf_v, float(k1), float(b),
                         float(avgdl), int(k), int(depth), int(check_len), int(probe_walk), int(reprobe),
-                        acc, cand, part, fin, ex)
+                        acc, cand, part, fin, ex, seen)
 
 
 @numba.njit(cache=True, nogil=True)
 def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, idf_v, k1, b, avgdl, k, depth,
-                 check_len, probe_walk, reprobe, acc, cand, part, fin, ex):
+                 check_len, probe_walk, reprobe, acc, cand, part, fin, ex, seen):
     """Each query's k best passages (score desc, passage asc; scores > 0 only) with rank_bm25's exact scores;
     query i is q_ids[q_ptr[i]:q_ptr[i + 1]], its word ids in order (-1: unknown word, skipped).
 
@@ -204,8 +147,8 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
     scores below the exact k-th: the result is rank_bm25's, not an approximation of it.
     `depth`: at least this many of the best float32 candidates are rescored, even when fewer are in reach;
     check_len (-1: max(CHECK_LEN, passages // CHECK_FRAC)), probe_walk, reprobe: see CHECK_LEN.
-    acc, cand, part, fin, ex: Workspace.arrays (acc all zeros; the best few are added to a walk's candidates
-    before duplicates are removed, hence the extra max(depth, k) + 1 entries of cand, fin and ex)."""
+    acc, cand, part, fin, ex, seen: Workspace.arrays (acc and seen all zeros; the best few are added to a walk's
+    candidates before duplicates are removed, hence the extra max(depth, k) + 1 entries of cand, fin and ex)."""
     n_q = len(q_ptr) - 1
     n_docs = len(len_d)
     if check_len < 0:
@@ -285,11 +228,11 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
                 # shortest lists' passages (any probe gives a valid lower bound)
                 checked = added
                 walk = added < n_docs
-                n_p = _best_partial(acc, ps, pd, indptr_v, doc_z, terms, order, jj, n_docs, walk, probe_walk)
+                n_p = _best_partial(acc, ps, pd, indptr_v, doc_z, terms, order, jj, n_docs, walk, probe_walk, seen)
                 for i in range(n_p):
                     pe[i] = _exact_score(q_ids, lo_q, hi_q, pd[i], indptr_v, doc_z, tf_z, float(len_d[pd[i]]),
                                          idf_v, k1, b, avgdl)
-                theta = max(theta, _kth(pe, n_p, kth_buf))
+                theta = max(theta, kth(pe, n_p, kth_buf))
                 if theta > rest[jj - 1]:
                     n_or = jj
                     n_c = 0
@@ -301,7 +244,7 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
                                 if acc[d] * (1.0 + mu) + rest[jj - 1] >= theta:
                                     cand[n_c] = d
                                     n_c += 1
-                        n_c = _sort_unique(cand, n_c)
+                        n_c = sort_unique(cand, n_c)
                     else:
                         for d in range(n_docs):
                             if acc[d] > 0 and acc[d] * (1.0 + mu) + rest[jj - 1] >= theta:
@@ -317,7 +260,7 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
                 if hi - lo > 16 * n_c:  # few candidates in a long list: search each from where the last was
                     for i in range(n_c):
                         d = cand[i]
-                        p = _gallop(doc_z, p, hi, d)
+                        p = gallop(doc_z, p, hi, d)
                         if p == hi:
                             break
                         if doc_z[p] == d:
@@ -335,16 +278,16 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
                 # scored exactly (a higher theta drops more); then drop what the remaining terms cannot lift
                 for i in range(n_c):
                     part[i] = acc[cand[i]]
-                theta = max(theta, _kth(part, n_c, kth_buf) * (1.0 - mu))
+                theta = max(theta, kth(part, n_c, kth_buf) * (1.0 - mu))
                 if n_c > reprobe and jj < nt - 1:
                     n_p = 0
                     for i in range(n_c):
                         if n_p < n_probe or part[i] > ps[0]:
-                            n_p = _heap_push(ps, pd, n_p, part[i], cand[i])
+                            n_p = heap_push(ps, pd, n_p, part[i], cand[i])
                     for i in range(n_p):
                         pe[i] = _exact_score(q_ids, lo_q, hi_q, pd[i], indptr_v, doc_z, tf_z, float(len_d[pd[i]]),
                                              idf_v, k1, b, avgdl)
-                    theta = max(theta, _kth(pe, n_p, kth_buf))
+                    theta = max(theta, kth(pe, n_p, kth_buf))
                 keep = 0
                 for i in range(n_c):
                     d = cand[i]
@@ -356,8 +299,8 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
         if n_c < 0:  # every term added in full: the best of what they touched
             walk = added < n_docs
             n_h = _best_partial(acc, hs[:max(depth, k)], hd[:max(depth, k)], indptr_v, doc_z, terms, order, nt,
-                                n_docs, walk, n_docs + added)
-            theta = max(theta, _kth(hs, n_h, kth_buf) * (1.0 - mu))
+                                n_docs, walk, n_docs + added, seen)
+            theta = max(theta, kth(hs, n_h, kth_buf) * (1.0 - mu))
             n_c = 0
             if walk:
                 for j2 in range(nt):
@@ -370,7 +313,7 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
                 for i in range(n_h):
                     cand[n_c] = hd[i]
                     n_c += 1
-                n_c = _sort_unique(cand, n_c)
+                n_c = sort_unique(cand, n_c)
             else:  # in passage order already; the `depth` best are among them unless depth > k
                 for d in range(n_docs):
                     if acc[d] > 0 and (acc[d] * (1.0 + mu) >= theta or depth > k):
@@ -379,7 +322,7 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
         else:
             for i in range(n_c):
                 part[i] = acc[cand[i]]
-            theta = max(theta, _kth(part, n_c, kth_buf) * (1.0 - mu))
+            theta = max(theta, kth(part, n_c, kth_buf) * (1.0 - mu))
         n_f = 0
         n_h = 0
         for i in range(n_c):
@@ -391,24 +334,20 @@ def _top_k_exact(q_ptr, q_ids, indptr_v, doc_z, score_z, maxv_v, tf_z, len_d, id
                 fin[n_f] = d
                 n_f += 1
             elif depth > 0:
-                n_h = _heap_push(hs[:depth], hd[:depth], n_h, v, d)
+                n_h = heap_push(hs[:depth], hd[:depth], n_h, v, d)
         for i in range(n_h):
             fin[n_f] = hd[i]
             n_f += 1
-        # exact scores, then (score desc, passage asc)
-        for i in range(n_f):
-            d = fin[i]
-            ex[i] = _exact_score(q_ids, lo_q, hi_q, d, indptr_v, doc_z, tf_z, float(len_d[d]), idf_v, k1, b, avgdl)
-        for got in range(min(k, n_f)):
-            best = -1
-            for i in range(n_f):
-                if ex[i] > 0 and (best < 0 or ex[i] > ex[best] or (ex[i] == ex[best] and fin[i] < fin[best])):
-                    best = i
-            if best < 0:
+        # exact scores, then (score desc, passage asc): passage order first, then a stable sort by score
+        fin[:n_f].sort()
+        _exact_scores(fin, n_f, ex, q_ids, lo_q, hi_q, indptr_v, doc_z, tf_z, len_d, idf_v, k1, b, avgdl)
+        got = 0
+        for i in np.argsort(-ex[:n_f], kind="mergesort"):
+            if got == k or ex[i] <= 0:
                 break
-            out_pid[qi, got] = fin[best]
-            out_score[qi, got] = ex[best]
-            ex[best] = -1.0
+            out_pid[qi, got] = fin[i]
+            out_score[qi, got] = ex[i]
+            got += 1
         # reset for the next query: re-walk the lists added in full, or clear everything
         if added < n_docs:
             for j2 in range(n_or):

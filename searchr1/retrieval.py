@@ -42,6 +42,7 @@ FORMAT_VERSION = 1
 TOKENIZER_NAME = "lower-alnum-v1"
 _WORD_RE = re.compile(r"[^\W_]+")  # runs of Unicode letters and digits: "Beyoncé" stays one word
 NO_RESULTS = "No documents matched this query. Try different search terms."
+PIPELINE = 4  # slices of a batch per search thread (bm25s backend): tokenizing overlaps the kernels' searching
 
 
 class IndexCorrupt(RuntimeError):
@@ -121,6 +122,7 @@ class Index:
         self.cfg = cfg
         self.search_seconds = 0.0  # totals for the rollout's metrics (retrieval time vs generation time)
         self.searched_queries = 0
+        self._titles = self._texts = None
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -133,13 +135,22 @@ class Index:
         if not isinstance(k, int) or k <= 0:
             raise ValueError(f"k={k!r}: must be a positive int")
         t0 = time.perf_counter()
-        tokens = [tokenize(q, self.cfg.bm25.stopwords)[: self.cfg.bm25.max_query_words] for q in queries]
-        hits = self._top_k(tokens, min(k, len(self.passages)))
-        out = [[Passage(pid, self.passages[pid]["title"], self.passages[pid]["text"], score) for pid, score in h]
-               for h in hits]
+        hits = self._top_k_text(queries, min(k, len(self.passages)))
+        if self._titles is None:  # passages' fields as lists: a hit's Passage is two list reads, not two dict ones
+            self._titles, self._texts = [p["title"] for p in self.passages], [p["text"] for p in self.passages]
+        titles, texts = self._titles, self._texts
+        out = [[Passage(pid, titles[pid], texts[pid], score) for pid, score in h] for h in hits]
         self.search_seconds += time.perf_counter() - t0
         self.searched_queries += len(queries)
         return out
+
+    def words(self, query: str) -> list[str]:
+        """A query's words as the index sees them: tokenized, cut at max_query_words."""
+        return tokenize(query, self.cfg.bm25.stopwords)[: self.cfg.bm25.max_query_words]
+
+    def _top_k_text(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
+        """Each query's hits from its text (a backend that overlaps tokenizing with searching overrides this)."""
+        return self._top_k([self.words(q) for q in queries], k)
 
     def _top_k(self, tokens: list[list[str]], k: int) -> list[list[tuple[int, float]]]:
         raise TypeError(f"{type(self).__name__} is not a backend; use build_index or load_or_build")
@@ -202,6 +213,7 @@ class BM25sIndex(Index):
         self.vocab = bm.vocab_dict
         self._maxv = None
         self._pool, self._pool_size = None, 0
+        self._cpus = len(os.sched_getaffinity(0))  # threads=0: one per core this process may run on
         self._ws = threading.local()  # each thread's kernel scratch (bm25_topk.Workspace), reused across calls
 
     @classmethod
@@ -226,38 +238,48 @@ class BM25sIndex(Index):
         tf_dtype = np.uint16 if tf_z.max() <= np.iinfo(np.uint16).max else np.uint32
         return cls(passages, cfg, bm, tf_z.astype(tf_dtype), len_d.astype(np.int32), idf_v)
 
-    def _top_k(self, tokens, k):
-        get = self.vocab.get
-        ids = [[get(w, -1) for w in q] for q in tokens]  # unknown words: -1, which the kernel skips
-        live = [i for i, q in enumerate(ids) if q]
-        out: list[list[tuple[int, float]]] = [[] for _ in tokens]
-        if not live:
+    def _top_k_text(self, queries, k):
+        out: list[list[tuple[int, float]]] = [[] for _ in queries]
+        if not queries:
             return out
         if self._maxv is None:  # each term's largest score: the bound that lets the kernel skip postings
             self._maxv = bm25.max_impacts(self.bm.scores["indptr"], self.bm.scores["data"])
-        threads = min(self.cfg.bm25.threads or len(os.sched_getaffinity(0)), len(live))
-        s = self.bm.scores
-
-        def run(chunk):
-            q_ptr = np.cumsum([0] + [len(ids[i]) for i in chunk], dtype=np.int64)
-            q_ids = np.fromiter((t for i in chunk for t in ids[i]), dtype=np.int64, count=int(q_ptr[-1]))
-            b = self.cfg.bm25
-            ws = getattr(self._ws, "ws", None)
-            if ws is None:
-                ws = self._ws.ws = bm25_topk.Workspace()
-            pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, s["indptr"], s["indices"], s["data"], self._maxv,
-                                                     self.tf_z, self.len_d, self.idf_v, b.k1, b.b, self.avgdl, k,
-                                                     b.rerank_depth, ws=ws)
-            for row, i in enumerate(chunk):
-                out[i] = [(p, sc) for p, sc in zip(pid_qk[row].tolist(), score_qk[row].tolist()) if p >= 0]
-
+        threads = min(self.cfg.bm25.threads or self._cpus, len(queries))
+        get, words = self.vocab.get, self.words
         if threads == 1:
-            run(live)
-        else:  # the kernels release the GIL: one slice of the batch per thread
-            if self._pool is None or self._pool_size != threads:
-                self._pool, self._pool_size = ThreadPoolExecutor(threads, thread_name_prefix="bm25"), threads
-            list(self._pool.map(run, [live[c::threads] for c in range(threads)]))
+            self._run([[get(w, -1) for w in words(q)] for q in queries], 0, k, out)
+            return out
+        # The kernels release the GIL; tokenizing does not. Contiguous slices, several per thread: this thread
+        # tokenizes the next slice while the pool's threads search the ones before it.
+        if self._pool is None or self._pool_size != threads:
+            self._pool, self._pool_size = ThreadPoolExecutor(threads, thread_name_prefix="bm25"), threads
+        n_slices = threads * PIPELINE if len(queries) >= threads * PIPELINE * 8 else threads
+        cuts = [len(queries) * c // n_slices for c in range(n_slices + 1)]
+        jobs = [self._pool.submit(self._run, [[get(w, -1) for w in words(q)] for q in queries[lo:hi]], lo, k, out)
+                for lo, hi in zip(cuts, cuts[1:])]
+        for j in jobs:
+            j.result()
         return out
+
+    def _run(self, ids: list[list[int]], first: int, k: int, out: list) -> None:
+        """The kernel on one slice of queries (word ids; -1: a word the index does not know, which the kernel
+        skips), its hits written to out[first:first + len(ids)]."""
+        live = [i for i, q in enumerate(ids) if q]
+        if not live:
+            return
+        q_ptr = np.zeros(len(live) + 1, dtype=np.int64)
+        np.cumsum([len(ids[i]) for i in live], out=q_ptr[1:])
+        q_ids = np.array([t for i in live for t in ids[i]], dtype=np.int64)
+        ws = getattr(self._ws, "ws", None)
+        if ws is None:
+            ws = self._ws.ws = bm25_topk.Workspace()
+        s, b = self.bm.scores, self.cfg.bm25
+        pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, s["indptr"], s["indices"], s["data"], self._maxv,
+                                                 self.tf_z, self.len_d, self.idf_v, b.k1, b.b, self.avgdl, k,
+                                                 b.rerank_depth, ws=ws)
+        pids, scores = pid_qk.tolist(), score_qk.tolist()
+        for row, i in enumerate(live):
+            out[first + i] = [(p, sc) for p, sc in zip(pids[row], scores[row]) if p >= 0]
 
     def save(self, path):
         self.bm.save(path, show_progress=False)

@@ -161,9 +161,11 @@ def test_concurrent_callers_share_one_build(tmp_path, real):
 
 def test_two_threads_of_bm25s_give_the_one_thread_answer(real):
     passages, queries = real
+    queries = queries + ["", "zzqx"] + queries[::-1]  # 122: pipelined in slices, empty and unknown among them
     one = R.build_index(passages, cfg_for("bm25s")).search(queries)
     two = R.build_index(passages, RetrieverConfig(name="bm25s", bm25=BM25Config(threads=2))).search(queries)
-    assert one == two
+    assert one == two and one[60] == one[61] == [] and one[62] == one[59]
+    assert len(queries) >= R.PIPELINE * 2 * 8  # enough queries to be cut in slices
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,9 @@ demo: install
 test: install
 	$(BIN)/python -m pytest
 
+# The retrieval peers (PISA, tantivy) are the `bench` extra, installed here only: the suite does not need them.
 bench: install
+	$(BIN)/python -m pip install -q --no-compile -e '.[bench]'
 	$(BIN)/python bench/retrieval.py --quick
 	$(BIN)/python bench/weight_sync.py --quick
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1 bench.out=results/bench/rollout_quick.json

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -34,10 +35,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # its sibling modules, also when imported from elsewhere
 
 import numpy as np  # noqa: E402
 
 import bm25_previous  # noqa: E402
+import retrieval_peers  # noqa: E402
 from searchr1 import index_cache, retrieval  # noqa: E402
 from searchr1.config import BM25Config, DataConfig, RetrieverConfig  # noqa: E402
 from searchr1.data import load_questions, load_splits  # noqa: E402
@@ -184,6 +187,107 @@ def bm25s_numba(path: str, index, queries: list[str], threads: int) -> dict:
     return {"qps_bm25s_numba": _qps(run, queries, 3), "bm25s_numba_first_call_s": compile_s}
 
 
+# the single-query section: the agent's access pattern (a turn's few queries, one call each), not batches
+SINGLE_K = (3, 10, 1000)
+SINGLE_THREADS = (1, 2)
+
+
+def timed_calls(search, queries: list[str], k: int, threads: int) -> tuple[float, list[float]]:
+    """q/s of one query per call, `threads` callers at once (each gets every threads-th query), and each call's
+    latency (wall clock: the machine is shared, so only ratios within one round are compared)."""
+    lat = [0.0] * len(queries)
+
+    def work(idx):
+        for i in idx:
+            t0 = time.perf_counter()
+            search(queries[i], k, threads)
+            lat[i] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if threads == 1:
+        work(range(len(queries)))
+    else:
+        callers = [threading.Thread(target=work, args=(range(j, len(queries), threads),)) for j in range(threads)]
+        for c in callers:
+            c.start()
+        for c in callers:
+            c.join()
+    return len(queries) / (time.perf_counter() - t0), lat
+
+
+def overlap(exact: list, got: list) -> dict:
+    """A peer's answers against the exact ones (ours, which the batch section checks against rank_bm25 bit for
+    bit): mean share of the exact top-k ids that the peer returns, queries whose ranked ids are identical, and
+    queries whose ids and scores are identical."""
+    share = [len({p for p, _ in g} & {p for p, _ in e}) / len(e) for e, g in zip(exact, got) if e]
+    return {"queries": len(exact), "mean_topk_overlap": float(np.mean(share)) if share else None,
+            "ranked_ids_identical": sum([p for p, _ in e] == [p for p, _ in g] for e, g in zip(exact, got)),
+            "ids_and_scores_identical": sum(e == g for e, g in zip(exact, got))}
+
+
+def single_query_child(spec: dict) -> dict:
+    """This kernel and every installed peer on one corpus, in this process: build each, then for each k and
+    thread count, rounds in which every engine answers the same queries one call at a time, in a rotating
+    order (so that each sees the same machine); agreement with the exact answer at each k."""
+    passages = corpus(spec["n"])[: spec.get("cap") or None]
+    queries = real_queries(N_QUERIES)[: spec["queries"]]
+    cfg = RetrieverConfig(name="bm25s", top_k=3, bm25=BM25Config(threads=1))
+    out = {"passages": len(passages), "queries": len(queries), "rounds": spec["rounds"],
+           "load_avg_at_start": os.getloadavg()}
+    t0 = time.perf_counter()
+    index = retrieval.build_index(passages, cfg)
+    build_s = time.perf_counter() - t0
+    ours_dir = os.path.join(spec["tmp"], "ours")
+    os.makedirs(ours_dir)
+    index_cache.save_index(index, ours_dir)
+    index = index_cache.load_index(ours_dir, passages, cfg)  # memory-mapped, as a rollout rank serves it
+    engines, out["skipped"] = retrieval_peers.build_all(passages, index, ours_dir, build_s, retrieval, cfg,
+                                                        spec["tmp"], spec.get("peers", ("pisa", "tantivy", "bm25s")))
+    out["engines"] = {e.name: {"build_s": e.build_s, "index_bytes": e.index_bytes, **e.info} for e in engines}
+    ks = spec.get("k", SINGLE_K)
+    for e in engines:
+        for k in ks:
+            e.search(queries[0], min(k, len(passages)), 1)  # compiles, maps and warms what each engine loads lazily
+    rows = []
+    for k in ks:
+        answers = {e.name: [e.search(q, min(k, len(passages)), 1) for q in queries] for e in engines}
+        agree = {n: overlap(answers["ours"], a) for n, a in answers.items() if n != "ours"}
+        for threads in SINGLE_THREADS:
+            qps, lat = {e.name: [] for e in engines}, {e.name: [] for e in engines}
+            for r in range(spec["rounds"]):
+                for e in engines[r % len(engines):] + engines[: r % len(engines)]:
+                    q, l_ = timed_calls(e.search, queries, min(k, len(passages)), threads)
+                    qps[e.name].append(q)
+                    lat[e.name] += l_
+            row = {"k": k, "threads": threads, "engines": {}}
+            for name in qps:
+                row["engines"][name] = {"qps": max(qps[name]), "qps_rounds": qps[name],
+                                        "p50_ms": 1e3 * float(np.percentile(lat[name], 50)),
+                                        "p99_ms": 1e3 * float(np.percentile(lat[name], 99))}
+                if name != "ours":
+                    mine, theirs = row["engines"]["ours"], row["engines"][name]
+                    theirs["ours_qps_ratio"] = mine["qps"] / theirs["qps"]
+                    theirs["ours_p50_ratio"] = theirs["p50_ms"] / mine["p50_ms"]  # > 1: ours answers sooner
+                    theirs["agreement"] = agree[name]
+            print(f"  single k={k} threads={threads}: " + ", ".join(
+                f"{n} {v['qps']:.0f} q/s p50 {v['p50_ms']:.3f} ms" for n, v in row["engines"].items()), flush=True)
+            rows.append(row)
+    out["rows"] = rows
+    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out
+
+
+def single_query_section(n: int, args, tmp: str) -> dict:
+    """The single-query section of one corpus, in a child of its own (its peak memory is its own)."""
+    n_queries = 64 if args.quick else {0: N_QUERIES, 100_000: 400}.get(n, 200)
+    d = tempfile.mkdtemp(prefix="single-", dir=tmp)
+    spec = {"single": True, "backend": "single-query section", "n": n, "tmp": d, "queries": n_queries,
+            "rounds": 1 if args.quick else args.rounds}
+    res = run_child(spec, None)
+    shutil.rmtree(d, ignore_errors=True)
+    return res
+
+
 def run_child(spec: dict, mem_limit_gib: float | None) -> dict:
     with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
         cmd = [sys.executable, __file__, "--child", json.dumps({**spec, "out": f.name})]
@@ -233,10 +337,13 @@ def main() -> None:
                     help="address-space limit of a rank_bm25 child (its 1M index is many GiB of dicts)")
     ap.add_argument("--no-shipped", action="store_true", help="skip the shipped corpus (rerun scaled sizes only)")
     ap.add_argument("--out", help="output JSON (default: results/bench/retrieval[_quick].json)")
+    ap.add_argument("--no-batch", action="store_true", help="skip the batch section (rank_bm25, batches of 512)")
+    ap.add_argument("--no-single", action="store_true", help="skip the single-query section (peers)")
+    ap.add_argument("--rounds", type=int, default=3, help="single-query section: rounds per (k, threads)")
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        res = child(spec)
+        res = single_query_child(spec) if spec.get("single") else child(spec)
         json.dump(res, open(spec["out"], "w"))
         return
     sizes = [10_000] if args.quick else (args.sizes or [100_000, 1_000_000])
@@ -259,6 +366,8 @@ def main() -> None:
                 plan.append(("bm25s_1thread", "bm25s", 1, "none", "rank_bm25"))
                 plan.append(("rank_bm25_stopwords_en", "rank_bm25", 1, "en", None))
             plan.append(("bm25s_stopwords_en", "bm25s", 0, "en", "rank_bm25_stopwords_en"))
+        if args.no_batch:
+            plan = []
         for name, backend, threads, stop, ref_name in plan:
             ref = backend == "rank_bm25"
             mem_gib = available_gib()
@@ -276,6 +385,8 @@ def main() -> None:
                 row[name]["qps_ratio_vs_rank_bm25"] = r["qps"] / base["qps"]
                 row[name]["agreement_with_rank_bm25"] = agreement(base["top"], r["top"], n_ref)
             print(f"  {name}: {json.dumps(row[name])}", flush=True)
+        if not args.no_single:
+            row["single_query"] = single_query_section(n, args, tmp)
         report["corpora"].append(row)
     shutil.rmtree(tmp, ignore_errors=True)
     out = Path(args.out) if args.out else ROOT / "results" / "bench" / (

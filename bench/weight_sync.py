@@ -12,9 +12,10 @@ Reported per workload (single-threaded, in one run so that ratios share the mach
 thread's CPU time, best of `repeat`, because the machine is shared and wall clock includes other processes):
  copy2_s: copying both bf16 snapshots once (the memory-speed limit the goals refer to); per format (gap8, rice,
  rice_classes): encode_s (C++ kernel and the torch path used on CUDA), apply_s and verify_s (receiver), bytes per
- changed element, everything bit-exact (checked); the naive compare+nonzero+gather; peer formats where
- `zstandard` is installed: zstd-1 of the gap8 frames, XOR of new and old bits + zstd-1 (NeMo-RL style), index
- gaps + values + zstd-1 (slime style), each timed with its compression and verified bit-exact; then
+ changed element, everything bit-exact (checked); the naive compare+nonzero+gather; where `zstandard` is
+ installed, zstd-1 of the gap8 frames and the published codecs re-implemented in bench/sync_peers.py (PULSE:
+ COO gaps uint8/uint16 + verbatim bf16 under zstd-1; slime: XOR + zstd-1; verl: int32 indices + bf16 values per
+ shard), each timed with its compression and verified bit-exact; the step's entropy bound; then
  Publisher -> R Subscribers over gloo on loopback (R = 2, 4) for sync=full and sync=delta with each codec.
 The production shape (Qwen2.5-3B, 14 receivers) is extrapolated from the synthetic step's changed fraction and
 each format's bytes per changed element: bytes per step, and the time of one broadcast on 25 and 100 GB/s links.
@@ -41,9 +42,12 @@ import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from searchr1.config import SyncConfig  # noqa: E402
 from searchr1.weightsync import codec, stream  # noqa: E402
+
+import sync_peers  # noqa: E402
 
 
 def best_of(fn, repeat: int, setup=None) -> float:
@@ -104,9 +108,9 @@ def synthetic_pair(shapes: dict, lr: float, steps: int, seed: int = 0, chunk: in
     return old, new
 
 
-def real_pair(quick: bool):
-    """Before/after bf16 weights of one Learner.step on SmolLM2-135M-Instruct, and the cast time; every setting is
-    the schemas' default (GRPO, AdamW at optim.lr)."""
+def real_steps(quick: bool, steps: int):
+    """bf16 weights before and after each of `steps` consecutive Learner.step calls on SmolLM2-135M-Instruct, each
+    on its own questions, and the step times; every setting is the schemas' default (GRPO, AdamW at optim.lr)."""
     from searchr1 import metrics
     from searchr1.agent import build_prompt
     from searchr1.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
@@ -116,33 +120,48 @@ def real_pair(quick: bool):
 
     algo, optim = AlgoConfig(), OptimConfig()
     tr = Learner(ModelConfig(), algo, optim, TrainerConfig(), "cpu")
-    qs = load_file(ROOT / "data/hotpotqa/dev_distractor/rpt_train300.jsonl")[: 2 if quick else 4]
+    per_step = 2 if quick else 4
+    qs = load_file(ROOT / "data/hotpotqa/dev_distractor/rpt_train300.jsonl")[: per_step * steps]
     g = torch.Generator().manual_seed(0)
-    trajs = []
-    for qi, q in enumerate(qs):
-        prompt = build_prompt(tr.tokenizer, q.question)
-        resp = tr.tokenizer.encode(f"<answer> {q.answers[0]} </answer>", add_special_tokens=False)
-        with torch.no_grad():
-            ids = torch.tensor([prompt + resp])
-            logp = torch.log_softmax(tr.model(input_ids=ids).logits[0, :-1].float(), -1)
-            lp = logp[len(prompt) - 1:].gather(1, ids[0, len(prompt):, None])[:, 0].tolist()
-        rewards = torch.randint(0, 2, (algo.group_size,), generator=g).tolist()
-        rewards[0], rewards[1] = 0, 1  # a mixed group: non-zero advantages
-        for r in rewards:
-            trajs.append(Trajectory(qid=q.qid, group=qi, prompt_ids=prompt, response_ids=resp,
-                                    loss_mask=[1] * len(resp), logprobs=lp, reward=float(r)))
-    old = tr.bf16_weights()
-    t0 = time.perf_counter()
-    out = tr.step(trajs)
-    step_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    new = tr.bf16_weights()
-    cast_s = time.perf_counter() - t0
-    info = {"label": "searchr1.learner.Learner.step (GRPO, AdamW) on synthetic on-policy trajectories",
-            "lr": optim.lr, "trajectories": len(trajs), "loss": out[metrics.LOSS], "grad_norm": out[metrics.GRAD_NORM],
-            "train_step_s": step_s, "fp32_to_bf16_cast_s": cast_s}
+    snaps, info = [tr.bf16_weights()], {
+        "label": "consecutive searchr1.learner.Learner.step calls (GRPO, AdamW) on synthetic on-policy trajectories "
+                 "of distinct questions", "lr": optim.lr, "steps": steps, "train_step_s": [], "loss": [],
+        "grad_norm": []}
+    for step in range(steps):
+        trajs = []
+        for qi, q in enumerate(qs[step * per_step: (step + 1) * per_step]):
+            prompt = build_prompt(tr.tokenizer, q.question)
+            resp = tr.tokenizer.encode(f"<answer> {q.answers[0]} </answer>", add_special_tokens=False)
+            with torch.no_grad():
+                ids = torch.tensor([prompt + resp])
+                logp = torch.log_softmax(tr.model(input_ids=ids).logits[0, :-1].float(), -1)
+                lp = logp[len(prompt) - 1:].gather(1, ids[0, len(prompt):, None])[:, 0].tolist()
+            rewards = torch.randint(0, 2, (algo.group_size,), generator=g).tolist()
+            rewards[0], rewards[1] = 0, 1  # a mixed group: non-zero advantages
+            for r in rewards:
+                trajs.append(Trajectory(qid=q.qid, group=qi, prompt_ids=prompt, response_ids=resp,
+                                        loss_mask=[1] * len(resp), logprobs=lp, reward=float(r)))
+        t0 = time.perf_counter()
+        out = tr.step(trajs)
+        info["train_step_s"].append(time.perf_counter() - t0)
+        info["loss"].append(out[metrics.LOSS])
+        info["grad_norm"].append(out[metrics.GRAD_NORM])
+        snaps.append(tr.bf16_weights())
+    info["trajectories_per_step"] = per_step * algo.group_size
     del tr
-    return old, new, info
+    return snaps, info
+
+
+def density_over_k(snaps: list) -> dict:
+    """Fraction of elements that differ between versions v and v + k, mean over v, for every k the steps allow:
+    what a receiver k versions behind (the pipelined schedules' staging copy) must be sent."""
+    out = {}
+    total = sum(t.numel() for t in snaps[0].values())
+    for k in range(1, len(snaps)):
+        fr = [sum(int(torch.ne(codec.bits(snaps[v][n]), codec.bits(snaps[v + k][n])).sum()) for n in snaps[0]) / total
+              for v in range(len(snaps) - k)]
+        out[k] = sum(fr) / len(fr)
+    return out
 
 
 # ---------------------------------------------------------------- in-process codec
@@ -216,7 +235,7 @@ def format_timings(o, n, fmt: str, cap: int, repeat: int, torch_repeat: int, cop
     return out, frames
 
 
-def peer_timings(o, n, gap8_frames, copy2: float, changed: int, repeat: int) -> dict:
+def peer_timings(o, n, shapes, gap8_frames, copy2: float, changed: int, repeat: int) -> dict:
     """Peer formats, each with its compression, decoded and checked bit-exact. zstd level 1, one thread."""
     try:
         import zstandard
@@ -229,7 +248,7 @@ def peer_timings(o, n, gap8_frames, copy2: float, changed: int, repeat: int) -> 
         blobs = []
         out[name] = {"encode_s": best_of(lambda: blobs.append(enc()), repeat)}
         blob = blobs[-1]
-        out[name]["bytes"] = sum(len(x) for x in blob)
+        out[name]["bytes"] = sync_peers.nbytes(blob)
         out[name]["apply_s"] = best_of(lambda: dec(blob), repeat)
         out[name]["bytes_per_changed"] = out[name]["bytes"] / max(changed, 1)
         out[name]["ratios"] = {"encode_vs_copy2": out[name]["encode_s"] / copy2,
@@ -241,61 +260,9 @@ def peer_timings(o, n, gap8_frames, copy2: float, changed: int, repeat: int) -> 
            lambda blob: [dctx.decompress(x) for x in blob])
     assert [dctx.decompress(x) for x in [cctx.compress(r) for r in raw]] == raw
     tgt = [torch.empty_like(t) for t in o]
-
-    def xor_enc():  # NeMo-RL style: XOR of the new and old bit patterns, all of them, compressed
-        return [cctx.compress((a ^ c).numpy().tobytes()) for a, c in zip(o, n)]
-
-    def xor_dec(blob):
-        for t, a, x in zip(tgt, o, blob):
-            raw_x = dctx.decompress(x)
-            t.copy_(a)
-            if raw_x:
-                t.bitwise_xor_(torch.frombuffer(bytearray(raw_x), dtype=torch.int16))
-
-    record("xor_zstd1", xor_enc, xor_dec)
-    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "xor+zstd is not bit-exact"
-
-    def planes_enc():  # the same with the XOR's low and high bytes as separate planes (zstd likes those better)
-        out_b = []
-        for a, c in zip(o, n):
-            b2 = (a ^ c).view(torch.uint8).view(-1, 2)
-            out_b += [cctx.compress(b2[:, 0].contiguous().numpy().tobytes()),
-                      cctx.compress(b2[:, 1].contiguous().numpy().tobytes())]
-        return out_b
-
-    def planes_dec(blob):
-        for i, (t, a) in enumerate(zip(tgt, o)):
-            lo, hi = dctx.decompress(blob[2 * i]), dctx.decompress(blob[2 * i + 1])
-            t.copy_(a)
-            if lo:
-                x = torch.stack([torch.frombuffer(bytearray(lo), dtype=torch.uint8),
-                                 torch.frombuffer(bytearray(hi), dtype=torch.uint8)], 1)
-                t.bitwise_xor_(x.view(-1).view(torch.int16))
-
-    record("xor_byte_planes_zstd1", planes_enc, planes_dec)
-    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "xor planes+zstd is not bit-exact"
-
-    def gaps_enc():  # slime style: int32 index gaps and int16 new values, compressed
-        out_b = []
-        for a, c in zip(o, n):
-            idx = torch.ne(a, c).nonzero().squeeze(1)
-            gaps = torch.diff(idx, prepend=idx.new_zeros(1)).to(torch.int32)
-            out_b.append(cctx.compress(gaps.numpy().tobytes() + c[idx].numpy().tobytes()))
-        return out_b
-
-    def gaps_dec(blob):
-        for t, a, x in zip(tgt, o, blob):
-            raw_b = dctx.decompress(x)
-            m = len(raw_b) // 6
-            t.copy_(a)
-            if not m:
-                continue
-            gaps = torch.frombuffer(bytearray(raw_b[:4 * m]), dtype=torch.int32).to(torch.int64)
-            vals = torch.frombuffer(bytearray(raw_b[4 * m:]), dtype=torch.int16)
-            t.index_put_((torch.cumsum(gaps, 0),), vals)
-
-    record("gaps_zstd1", gaps_enc, gaps_dec)
-    assert all(torch.equal(t, c) for t, c in zip(tgt, n)), "gaps+zstd is not bit-exact"
+    for name, (enc, dec) in sync_peers.CODECS.items():  # the published codecs (bench/sync_peers.py)
+        record(name, lambda: enc(o, n, shapes, cctx), lambda blob: dec(blob, tgt, o, shapes, dctx))
+        assert all(torch.equal(t, c) for t, c in zip(tgt, n)), f"{name} is not bit-exact"
     return out
 
 
@@ -334,7 +301,9 @@ def codec_timings(old: dict, new: dict, bucket_mb: int, repeat: int, torch_repea
     out["encode_naive_s"] = best_of(naive, max(1, repeat // 2))
     changed = out["formats"]["gap8"]["changed"]
     out["changed"], out["changed_frac"] = changed, changed / total
-    out["peers"] = peer_timings(o, n, frames["gap8"], out["copy2_s"], changed, max(1, repeat - 1))
+    out["peers"] = peer_timings(o, n, [tuple(old[k].shape) for k in names], frames["gap8"], out["copy2_s"], changed,
+                                max(1, repeat - 1))
+    out["entropy_bound"] = sync_peers.entropy_bound(o, n)
     out["bytes_per_changed"] = {f: v["bytes_per_changed"] for f, v in out["formats"].items()}
     out["bytes_per_changed"].update({p: v["bytes_per_changed"] for p, v in out["peers"].items() if "bytes" in v})
     out["ratios"] = {f: v["ratios"] for f, v in out["formats"].items()}
@@ -415,12 +384,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=0, help="timing repeats (best of); default 3 (quick: 2)")
     ap.add_argument("--torch-repeat", type=int, default=1, help="timing repeats of the (slow on CPU) torch path")
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--real-steps", type=int, default=0,
+                    help="consecutive real steps, for the density over k versions; default 4 (quick: 2)")
     ap.add_argument("--pair-cache", default="", help="a folder keeping the generated pairs across runs")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     torch.set_num_threads(1)  # the kernel is single-threaded: compare against a single-threaded copy
     total = a.synthetic_elements or (20_000_000 if a.quick else 500_000_000)
     repeat = a.repeat or (2 if a.quick else 3)
+    a.real_steps = a.real_steps or (2 if a.quick else 4)
     receivers = [2] if a.quick else [2, 4]
     out_path = Path(a.out or ROOT / "results/bench" / ("weight_sync_quick.json" if a.quick else "weight_sync.json"))
     t_kernel = time.perf_counter()
@@ -432,20 +404,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(a.pair_cache) if a.pair_cache else None
         if not a.skip_real:
-            hit = cache / f"real_{'quick' if a.quick else 'full'}.pt" if cache else None
+            hit = cache / f"real_{'quick' if a.quick else 'full'}_{a.real_steps}.pt" if cache else None
             if hit is not None and hit.exists():
-                old, new, info = torch.load(hit)
+                snaps, info = torch.load(hit)
             else:
-                old, new, info = real_pair(a.quick)
+                snaps, info = real_steps(a.quick, a.real_steps)
                 if hit is not None:
                     cache.mkdir(parents=True, exist_ok=True)
-                    torch.save((old, new, info), hit)
-            print(f"real pair: {sum(t.numel() for t in old.values())} elements", flush=True)
+                    torch.save((snaps, info), hit)
+            info["changed_frac_over_k_versions"] = density_over_k(snaps)
+            print(f"real steps: {json.dumps(info['changed_frac_over_k_versions'])}", flush=True)
+            old, new = snaps[0], snaps[1]
             shapes = {k: tuple(v.shape) for k, v in old.items()}
             src = os.path.join(tmp, "real.pt")
             torch.save((old, new), src)
             w = {"info": info, "codec": codec_timings(old, new, a.bucket_mb, repeat, a.torch_repeat)}
-            del old, new
+            if len(snaps) > 2:  # the change over every step at once: what a receiver that many versions behind gets
+                report["workloads"][f"real_smollm2_135m_over_{len(snaps) - 1}_steps"] = {
+                    "info": {"label": f"version 0 to version {len(snaps) - 1} of the same steps"},
+                    "codec": codec_timings(snaps[0], snaps[-1], a.bucket_mb, repeat, a.torch_repeat)}
+            del old, new, snaps
             w["gloo"] = {f"receivers_{r}": transport_timings(src, shapes, r, a.bucket_mb) for r in receivers}
             report["workloads"]["real_smollm2_135m"] = w
         shapes = synthetic_shapes(total)

@@ -80,3 +80,33 @@ def test_cpu_profile_classes_and_turns():
     got = bench.split(prof)
     assert abs(sum(got["op_shares"].values()) - 1) < 0.01 and got["op_shares"]["matmul"] > 0
     assert got["matmul_gflops"] > 0 and got["largest_other"][0]["seconds"] >= got["largest_other"][-1]["seconds"]
+
+
+def test_gpu_bench_runs_its_code_on_the_cpu_with_a_tiny_shape(tmp_path):
+    """bench/gpu.py --tiny: the learner's step, every codec format (bit-exact on the device it ran on) and the HF
+    engine's generation, each beside its baseline, so that the script a lent GPU runs cannot rot."""
+    out = tmp_path / "gpu.json"
+    report = _bench("gpu").main(["--tiny", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["machine"]["device"] == "cpu" and report["model"]["parameters"] > 0
+    assert report["learner"]["step_s"] > 0 and report["learner"]["ratio_vs_matmul_peak"] > 0
+    formats = report["codec"]["formats"]
+    assert set(formats) == {"gap8", "rice", "rice_classes"} and all(f["bit_exact"] for f in formats.values())
+    assert all(f["changed"] > 0 and f["encode_vs_copy2"] > 0 for f in formats.values())
+    assert report["generation"]["new_tokens"] > 0 and report["generation"]["ratio_vs_weight_read_bound"] > 0
+
+
+def test_retrieval_single_query_section_runs_every_installed_peer(tmp_path):
+    """The single-query section on 300 shipped passages, PISA and tantivy beside ours: each peer is either measured
+    with its agreement or skipped with the reason (they are the optional `bench` extra). bm25s's numba retrieval
+    is left out here: its compilation alone takes most of a minute."""
+    bench = _bench("retrieval")
+    res = bench.single_query_child({"n": 0, "cap": 300, "tmp": str(tmp_path), "queries": 12, "rounds": 1,
+                                    "peers": ["pisa", "tantivy"], "k": [3, 500]})
+    assert set(res["engines"]) | set(res["skipped"]) == {"ours", "pisa", "tantivy"}
+    assert [(r["k"], r["threads"]) for r in res["rows"]] == [(k, t) for k in (3, 500) for t in bench.SINGLE_THREADS]
+    for row in res["rows"]:
+        for name, e in row["engines"].items():
+            assert e["qps"] > 0 and e["p99_ms"] >= e["p50_ms"] > 0
+            if name != "ours":
+                assert 0 <= e["agreement"]["mean_topk_overlap"] <= 1 and e["ours_qps_ratio"] > 0

@@ -279,7 +279,7 @@ def single_query_child(spec: dict) -> dict:
 
 def single_query_section(n: int, args, tmp: str) -> dict:
     """The single-query section of one corpus, in a child of its own (its peak memory is its own)."""
-    n_queries = 64 if args.quick else {0: N_QUERIES, 100_000: 400}.get(n, 200)
+    n_queries = 64 if args.quick else {0: 500, 100_000: 400}.get(n, 200)
     d = tempfile.mkdtemp(prefix="single-", dir=tmp)
     spec = {"single": True, "backend": "single-query section", "n": n, "tmp": d, "queries": n_queries,
             "rounds": 1 if args.quick else args.rounds}

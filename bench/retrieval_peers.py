@@ -132,7 +132,8 @@ def bm25s_numba(index, path: str, build_s: float, retrieval, cfg) -> Engine | st
         ids = [vocab[w] for w in words(q) if w in vocab]
         if not ids:  # bm25s cannot take an empty query
             return []
-        docs, scores = bm.retrieve([ids], k=k, show_progress=False, n_threads=threads, backend_selection="numba")
+        # one thread per call: its numba-parallel retrieval, called by two threads at once, ran at ~25 q/s here
+        docs, scores = bm.retrieve([ids], k=k, show_progress=False, n_threads=1, backend_selection="numba")
         return [(int(d), float(s)) for d, s in zip(docs[0], scores[0]) if s > 0]
     return Engine("bm25s", search, build_s, dir_bytes(path), scoring=SCORING["bm25s"],
                   first_call_s=compile_s, index="this project's saved matrix (its build time is ours)")

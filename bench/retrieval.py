@@ -340,6 +340,7 @@ def main() -> None:
     ap.add_argument("--no-batch", action="store_true", help="skip the batch section (rank_bm25, batches of 512)")
     ap.add_argument("--no-single", action="store_true", help="skip the single-query section (peers)")
     ap.add_argument("--rounds", type=int, default=3, help="single-query section: rounds per (k, threads)")
+    ap.add_argument("--ref-queries", type=int, default=0, help="at most this many rank_bm25 queries per corpus")
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -349,6 +350,8 @@ def main() -> None:
     sizes = [10_000] if args.quick else (args.sizes or [100_000, 1_000_000])
     # rank_bm25 queries per corpus: all 1,000 on the shipped corpus, a sample where one query takes seconds
     ref_queries = {0: 256, 10_000: 32} if args.quick else {0: N_QUERIES, 100_000: 64, 1_000_000: 8}
+    if args.ref_queries:
+        ref_queries = {n: min(q, args.ref_queries) for n, q in ref_queries.items()}
     # odd queries checked against rank_bm25 per corpus (on top of the real ones)
     odd_n = {0: 200, 10_000: 16} if args.quick else {0: 200, 100_000: 32, 1_000_000: 8}
     tmp = tempfile.mkdtemp(prefix="bench-retrieval-")

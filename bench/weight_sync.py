@@ -384,6 +384,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=0, help="timing repeats (best of); default 3 (quick: 2)")
     ap.add_argument("--torch-repeat", type=int, default=1, help="timing repeats of the (slow on CPU) torch path")
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--skip-gloo", action="store_true", help="no Publisher -> Subscribers runs (memory: R + 1 copies)")
     ap.add_argument("--real-steps", type=int, default=0,
                     help="consecutive real steps, for the density over k versions; default 4 (quick: 2)")
     ap.add_argument("--pair-cache", default="", help="a folder keeping the generated pairs across runs")
@@ -393,7 +394,7 @@ def main() -> None:
     total = a.synthetic_elements or (20_000_000 if a.quick else 500_000_000)
     repeat = a.repeat or (2 if a.quick else 3)
     a.real_steps = a.real_steps or (2 if a.quick else 4)
-    receivers = [2] if a.quick else [2, 4]
+    receivers = [] if a.skip_gloo else [2] if a.quick else [2, 4]
     out_path = Path(a.out or ROOT / "results/bench" / ("weight_sync_quick.json" if a.quick else "weight_sync.json"))
     t_kernel = time.perf_counter()
     kernel_ok = codec.kernel() is not None

@@ -279,7 +279,7 @@ def single_query_child(spec: dict) -> dict:
 
 def single_query_section(n: int, args, tmp: str) -> dict:
     """The single-query section of one corpus, in a child of its own (its peak memory is its own)."""
-    n_queries = 64 if args.quick else {0: 500, 100_000: 400}.get(n, 200)
+    n_queries = 64 if args.quick else 200
     d = tempfile.mkdtemp(prefix="single-", dir=tmp)
     spec = {"single": True, "backend": "single-query section", "n": n, "tmp": d, "queries": n_queries,
             "rounds": 1 if args.quick else args.rounds}
@@ -341,6 +341,7 @@ def main() -> None:
     ap.add_argument("--no-single", action="store_true", help="skip the single-query section (peers)")
     ap.add_argument("--rounds", type=int, default=3, help="single-query section: rounds per (k, threads)")
     ap.add_argument("--ref-queries", type=int, default=0, help="at most this many rank_bm25 queries per corpus")
+    ap.add_argument("--batch-runs", default="", help="only these runs of the batch section (comma-separated names)")
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -369,6 +370,8 @@ def main() -> None:
                 plan.append(("bm25s_1thread", "bm25s", 1, "none", "rank_bm25"))
                 plan.append(("rank_bm25_stopwords_en", "rank_bm25", 1, "en", None))
             plan.append(("bm25s_stopwords_en", "bm25s", 0, "en", "rank_bm25_stopwords_en"))
+        if args.batch_runs:
+            plan = [p for p in plan if p[0] in args.batch_runs.split(",")]
         if args.no_batch:
             plan = []
         for name, backend, threads, stop, ref_name in plan:

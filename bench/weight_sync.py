@@ -108,7 +108,7 @@ def synthetic_pair(shapes: dict, lr: float, steps: int, seed: int = 0, chunk: in
     return old, new
 
 
-def real_steps(quick: bool, steps: int):
+def real_steps(steps: int):
     """bf16 weights before and after each of `steps` consecutive Learner.step calls on SmolLM2-135M-Instruct, each
     on its own questions, and the step times; every setting is the schemas' default (GRPO, AdamW at optim.lr)."""
     from searchr1 import metrics
@@ -120,7 +120,7 @@ def real_steps(quick: bool, steps: int):
 
     algo, optim = AlgoConfig(), OptimConfig()
     tr = Learner(ModelConfig(), algo, optim, TrainerConfig(), "cpu")
-    per_step = 2 if quick else 4
+    per_step = 2  # questions per step (x group_size trajectories): a step fits beside the shared machine's other jobs
     qs = load_file(ROOT / "data/hotpotqa/dev_distractor/rpt_train300.jsonl")[: per_step * steps]
     g = torch.Generator().manual_seed(0)
     snaps, info = [tr.bf16_weights()], {
@@ -409,7 +409,7 @@ def main() -> None:
             if hit is not None and hit.exists():
                 snaps, info = torch.load(hit)
             else:
-                snaps, info = real_steps(a.quick, a.real_steps)
+                snaps, info = real_steps(a.real_steps)
                 if hit is not None:
                     cache.mkdir(parents=True, exist_ok=True)
                     torch.save((snaps, info), hit)

@@ -20,3 +20,11 @@ def _positive(obj, prefix: str, *names: str, strict: bool = True) -> None:
     for k in names:
         v = getattr(obj, k)
         _check(v > 0 if strict else v >= 0, f"{prefix}.{k}", v, "must be > 0" if strict else "must be >= 0")
+
+
+def _compute_dtype(obj, key: str) -> None:
+    """`obj.compute_dtype` under its full name (fp32 -> float32, bf16 -> bfloat16), one of the registry's."""
+    from searchr1 import registry
+
+    obj.compute_dtype = registry.DTYPE_ALIASES.get(obj.compute_dtype, obj.compute_dtype)
+    _one_of(key, obj.compute_dtype, registry.COMPUTE_DTYPES)

@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from searchr1 import registry
-from searchr1.checks import ConfigError, _check, _one_of, _positive
+from searchr1.checks import ConfigError, _check, _compute_dtype, _one_of, _positive
 from searchr1.cluster.config import ClusterConfig, ElasticConfig, SlurmConfig  # noqa: F401 (part of the schema)
+from searchr1.curriculum import CurriculumConfig
 
 
 @dataclass
@@ -140,8 +141,7 @@ class EngineConfig:
 
     def __post_init__(self):
         _one_of("engine.name", self.name, registry.ENGINES)
-        self.compute_dtype = registry.DTYPE_ALIASES.get(self.compute_dtype, self.compute_dtype)
-        _one_of("engine.compute_dtype", self.compute_dtype, registry.COMPUTE_DTYPES)
+        _compute_dtype(self, "engine.compute_dtype")
         _positive(self, "engine", "eval_batch_size")
 
 
@@ -245,8 +245,7 @@ class TrainerConfig:
     def __post_init__(self):
         _positive(self, "trainer", "micro_batch_tokens")
         _positive(self, "trainer", "train_top_layers", strict=False)
-        self.compute_dtype = registry.DTYPE_ALIASES.get(self.compute_dtype, self.compute_dtype)
-        _one_of("trainer.compute_dtype", self.compute_dtype, registry.COMPUTE_DTYPES)
+        _compute_dtype(self, "trainer.compute_dtype")
 
 
 @dataclass
@@ -329,6 +328,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -48,6 +48,11 @@ class Splits:
     corpus_scope: str
     dev: list[Question] = field(default_factory=list)  # training questions kept out of training (data.dev_size)
     eval_on: str = "heldout"
+    pools: dict = field(default_factory=dict)  # stage (sft | rl) -> its training questions (searchr1/curriculum.py)
+
+    def pool(self, stage: str) -> list[Question]:
+        """The training questions `stage` draws from: its curriculum's pool, else the whole training pool."""
+        return self.pools.get(stage, self.train)
 
     @property
     def evaluation(self) -> list[Question]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from searchr1 import dist
+from searchr1 import curriculum, dist
 from searchr1.config import Config
 from searchr1.data import load_splits
 from searchr1.liveness import Heartbeat, Liveness, post_failure
@@ -69,7 +69,7 @@ def run_rank(cfg: Config, run_dir: Path) -> None:
                  ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads())
         channel = Channel(store, Liveness(store, c.heartbeat_timeout_s, topo.describe),
                           abort=(DONE,) if topo.role == "rollout" else ())
-        splits = load_splits(cfg.data, REPO_ROOT)
+        splits = curriculum.select(load_splits(cfg.data, REPO_ROOT), cfg)
         role = _trainer if topo.role == "trainer" else _rollout
         role(cfg, run_dir, topo, groups, channel, splits).run()
         heartbeat.stop()

@@ -283,7 +283,8 @@ class ElasticRollouts:
         self.tids: dict[tuple[str, int], list[str]] = {}
 
     def units(self, step: int, schedule) -> list[dict]:
-        tasks = train_tasks(step, schedule.units(step, self.n_units, len(self.splits.train)))
+        pool = self.splits.pool(schedule.stage(step))
+        tasks = train_tasks(step, schedule.units(step, self.n_units, len(pool)))
         self.dispatcher.post(tasks)
         tids = self.tids[("train", step)] = [t.tid for t in tasks]
         got = self.dispatcher.wait(tids)

@@ -54,7 +54,8 @@ class RolloutRole:
             if step > first:
                 t = PhaseTimer()
             self._advance(self._target(step), t)
-            unit = self.schedule.units(step, topo.n_rollout, len(self.worker.splits.train))[topo.rollout_index]
+            pool = self.worker.splits.pool(self.schedule.stage(step))
+            unit = self.schedule.units(step, topo.n_rollout, len(pool))[topo.rollout_index]
             version = self._between_turns if self.schedule.turn_updates else (lambda: self.weights.applied)
             with t("rollout"):
                 faults.hit("rollout", topo.rank, step)

@@ -246,7 +246,9 @@ class TrainerRole:
                     "evaluated_on": s.eval_on,
                     "corpus_passages": len(s.corpus), "corpus_scope": s.corpus_scope,
                     "train_files": self.cfg.data.train_files, "eval_file": self.cfg.data.eval_file,
-                    "heldout_ids": [q.qid for q in s.heldout]}
+                    "heldout_ids": [q.qid for q in s.heldout],
+                    "curriculum": {stage: {"questions": len(pool), "ids": [q.qid for q in pool]}
+                                   for stage, pool in s.pools.items()}}
         (self.run_dir / "data.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
     def _finish(self) -> None:

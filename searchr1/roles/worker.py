@@ -47,7 +47,8 @@ class Worker:
         """One work unit: `algo.group_size` sampled trajectories per question, seeded by the unit; `version()`
         names the weights each turn is generated with. In the warm start's stage, one scripted trajectory per
         question instead (searchr1/scripted.py)."""
-        questions = [self.splits.train[i] for i in unit.questions]
+        pool = self.splits.pool(stage)
+        questions = [pool[i] for i in unit.questions]
         if stage == "sft":
             r, tok = self.cfg.retriever, self.engine.tokenizer
             return scripted_episodes(questions, tok, lambda qs: self.index.search(qs, r.top_k),

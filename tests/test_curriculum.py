@@ -1,0 +1,61 @@
+"""The stages' question pools: what counts as an answer within reach, and that every rank draws the same."""
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from launch import compose_config
+from searchr1 import curriculum
+from searchr1.data import load_splits
+from searchr1.trajectory import Trajectory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_an_answer_counts_as_whole_words_after_normalisation():
+    assert curriculum.holds_answer("Doc 1(Title: X) It is in the United States.", ["the United States"])
+    assert curriculum.holds_answer("born in 1961, in Honolulu", ["1961"])
+    assert not curriculum.holds_answer("in 19610 cases", ["1961"])  # part of a longer token
+    assert not curriculum.holds_answer("anything at all", ["", "the"])  # nothing left after normalisation
+
+
+@dataclass(frozen=True)
+class Q:
+    question: str
+    answers: tuple
+
+
+def test_retrievable_reads_what_one_search_with_the_question_returns():
+    qs = [Q("who founded x", ("Alice",)), Q("where is y", ("Paris",))]
+    found = {"who founded x": ["Alice founded X."], "where is y": ["Y lies in Lyon."]}
+    ok = curriculum.retrievable(qs, lambda queries: [found[q] for q in queries], lambda hits: " ".join(hits))
+    assert ok == [True, False]
+
+
+class Tok:
+    def decode(self, ids):
+        return " ".join({1: "think", 2: "Paris", 3: "answer", 4: "Lyon"}[i] for i in ids)
+
+
+def test_answerable_reads_only_the_information_blocks():
+    def traj(ids, mask):
+        return Trajectory(qid="q", group=0, prompt_ids=[0], response_ids=ids, loss_mask=mask, logprobs=[0.0] * len(ids),
+                          answers=["Paris"])
+    # the gold is in an inserted block (mask 0) / only in the model's own answer turn (mask 1)
+    assert curriculum.answerable([traj([1, 2, 3], [1, 0, 1]), traj([4, 2], [0, 1])], Tok()) == [True, False]
+
+
+def test_pools_are_the_same_on_every_rank_and_recorded_by_stage():
+    cfg = compose_config(["+experiment=smoke", "curriculum.warm_start=answerable", "curriculum.rl=retrievable"])
+    a = curriculum.select(load_splits(cfg.data, ROOT), cfg)
+    b = curriculum.select(load_splits(cfg.data, ROOT), cfg)
+    assert set(a.pools) == {"sft", "rl"} and [q.qid for q in a.pool("rl")] == [q.qid for q in b.pool("rl")]
+    assert 0 < len(a.pool("rl")) < len(a.train) and 0 < len(a.pool("sft")) <= len(a.train)
+    plain = compose_config(["+experiment=smoke"])
+    s = curriculum.select(load_splits(plain.data, ROOT), plain)
+    assert s.pools == {} and s.pool("rl") is s.train
+
+
+def test_an_unknown_curriculum_is_refused_naming_the_key():
+    with pytest.raises(SystemExit, match="curriculum.rl"):
+        compose_config(["curriculum.rl=easy"])

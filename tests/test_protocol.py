@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from searchr1 import metrics as K
 from searchr1.config import Config, DataConfig, ScheduleConfig, WandbConfig
+from searchr1.data import Splits
 from searchr1.dist import Topology
 from searchr1.liveness import EXIT_STOPPED, Heartbeat, Liveness, MemberLost, StopFlag, StopRequested, Stopped, post_failure
 from searchr1.protocol import BATCH, CHUNK_BYTES, DONE, TRANSFERS, WEIGHTS, Channel, step_units
@@ -105,18 +106,6 @@ def test_units_are_the_same_whoever_generates_them():
 
 # ------------------------------------------------------------------------------------------ both roles, in-process
 
-@dataclass
-class Splits:
-    train: list
-    heldout: list
-    corpus: list
-    corpus_scope: str = "train+eval"
-    dev: tuple = ()
-    eval_on: str = "heldout"
-
-    @property
-    def evaluation(self):
-        return self.heldout
 
 
 class FakeLearner:
@@ -206,7 +195,7 @@ def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=Fake
     store, shared = dist.HashStore(), {}
     for r in range(3):
         Heartbeat(lambda: store, f"rank{r}", 0.1).start()
-    splits = Splits(train=list(range(40)), heldout=[Q(f"h{i}") for i in range(6)], corpus=[])
+    splits = Splits(corpus_scope="train+eval", train=list(range(40)), heldout=[Q(f"h{i}") for i in range(6)], corpus=[])
     learner, applied = learner_cls(), {1: [], 2: []}
     errors = []
 

@@ -6,7 +6,7 @@ equal rewards carries no gradient), and it can only be right when the answer is 
 the dev split's training pool after the warm start, sampled at temperature 0.5, 20% of the samples of questions
 whose first search (the question itself) brings the answer were right, and 2% of the others (README, "Tuning").
 Both filters read only training questions, their gold answers and this project's own index, never a held-out
-question, and they are deterministic, so every rank computes the same pools:
+question, and they are deterministic, so every rank computes the same pools (searchr1.roles.stage_pools):
 
 - `answerable` (the warm start): the scripted trajectory's information blocks hold a gold answer, so the
   supervised stage teaches reading an answer off the passages rather than reciting one it was never shown.
@@ -15,7 +15,7 @@ question, and they are deterministic, so every rank computes the same pools:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from searchr1.checks import _one_of
 
@@ -50,37 +50,3 @@ def answerable(trajectories: list, tokenizer) -> list[bool]:
     """Whether a scripted trajectory's information blocks (its loss-mask-0 tokens) hold one of its answers."""
     return [holds_answer(tokenizer.decode([x for x, m in zip(t.response_ids, t.loss_mask) if not m]), t.answers)
             for t in trajectories]
-
-
-def select(splits, cfg):
-    """`splits` with the stages' pools (Splits.pools: stage -> training questions) as `cfg.curriculum` says."""
-    c = cfg.curriculum
-    if c.warm_start == "all" and c.rl == "all":
-        return splits
-    from searchr1.index_cache import load_or_build
-    from searchr1.models import load_tokenizer
-    from searchr1.retrieval import format_passages
-    from searchr1.reward import make_score
-    from searchr1.scripted import scripted_episodes
-
-    r, tok = cfg.retriever, load_tokenizer(cfg.model)
-    index = load_or_build(splits.corpus, r)
-
-    def search(queries):
-        return index.search(queries, r.top_k)
-
-    def render(hits):
-        return format_passages(hits, tok, r.passage_max_tokens)
-
-    pools = {}
-    if c.warm_start == "answerable":
-        score = make_score(cfg.reward.name, cfg.reward.format_score, cfg.reward.scale)
-        trajs, _ = scripted_episodes(splits.train, tok, search, render, cfg.agent, score)
-        pools["sft"] = [q for q, ok in zip(splits.train, answerable(trajs, tok)) if ok]
-    if c.rl == "retrievable":
-        pools["rl"] = [q for q, ok in zip(splits.train, retrievable(splits.train, search, render)) if ok]
-    for stage, pool in pools.items():
-        if not pool:
-            raise ValueError(f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}: no training question qualifies "
-                             f"(pool of {len(splits.train)})")
-    return replace(splits, pools=pools)

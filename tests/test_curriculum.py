@@ -7,6 +7,7 @@ import pytest
 from launch import compose_config
 from searchr1 import curriculum
 from searchr1.data import load_splits
+from searchr1.roles import stage_pools
 from searchr1.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,12 +48,12 @@ def test_answerable_reads_only_the_information_blocks():
 
 def test_pools_are_the_same_on_every_rank_and_recorded_by_stage():
     cfg = compose_config(["+experiment=smoke", "curriculum.warm_start=answerable", "curriculum.rl=retrievable"])
-    a = curriculum.select(load_splits(cfg.data, ROOT), cfg)
-    b = curriculum.select(load_splits(cfg.data, ROOT), cfg)
+    a = stage_pools(load_splits(cfg.data, ROOT), cfg)
+    b = stage_pools(load_splits(cfg.data, ROOT), cfg)
     assert set(a.pools) == {"sft", "rl"} and [q.qid for q in a.pool("rl")] == [q.qid for q in b.pool("rl")]
     assert 0 < len(a.pool("rl")) < len(a.train) and 0 < len(a.pool("sft")) <= len(a.train)
     plain = compose_config(["+experiment=smoke"])
-    s = curriculum.select(load_splits(plain.data, ROOT), plain)
+    s = stage_pools(load_splits(plain.data, ROOT), plain)
     assert s.pools == {} and s.pool("rl") is s.train
 
 

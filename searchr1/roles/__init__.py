@@ -7,6 +7,7 @@ the others stop waiting for it and the backend ends the job naming it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -69,7 +70,7 @@ def run_rank(cfg: Config, run_dir: Path) -> None:
                  ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads())
         channel = Channel(store, Liveness(store, c.heartbeat_timeout_s, topo.describe),
                           abort=(DONE,) if topo.role == "rollout" else ())
-        splits = curriculum.select(load_splits(cfg.data, REPO_ROOT), cfg)
+        splits = stage_pools(load_splits(cfg.data, REPO_ROOT), cfg)
         role = _trainer if topo.role == "trainer" else _rollout
         role(cfg, run_dir, topo, groups, channel, splits).run()
         heartbeat.stop()
@@ -128,3 +129,37 @@ def _rollout(cfg, run_dir, topo, groups, channel, splits):
     receiver = WeightsIn if cfg.schedule.name == "sync" else StagedIn
     return RolloutRole(cfg, run_dir, topo, channel, worker,
                        lambda first: receiver(channel, sub, worker.weight_views, topo.member(0), first))
+
+
+def stage_pools(splits, cfg):
+    """`splits` with the stages' pools (Splits.pools: stage -> training questions) as `cfg.curriculum` says."""
+    c = cfg.curriculum
+    if c.warm_start == "all" and c.rl == "all":
+        return splits
+    from searchr1.index_cache import load_or_build
+    from searchr1.models import load_tokenizer
+    from searchr1.retrieval import format_passages
+    from searchr1.reward import make_score
+    from searchr1.scripted import scripted_episodes
+
+    r, tok = cfg.retriever, load_tokenizer(cfg.model)
+    index = load_or_build(splits.corpus, r)
+
+    def search(queries):
+        return index.search(queries, r.top_k)
+
+    def render(hits):
+        return format_passages(hits, tok, r.passage_max_tokens)
+
+    pools = {}
+    if c.warm_start == "answerable":
+        score = make_score(cfg.reward.name, cfg.reward.format_score, cfg.reward.scale)
+        trajs, _ = scripted_episodes(splits.train, tok, search, render, cfg.agent, score)
+        pools["sft"] = [q for q, ok in zip(splits.train, curriculum.answerable(trajs, tok)) if ok]
+    if c.rl == "retrievable":
+        pools["rl"] = [q for q, ok in zip(splits.train, curriculum.retrievable(splits.train, search, render)) if ok]
+    for stage, pool in pools.items():
+        if not pool:
+            raise ValueError(f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}: no training question qualifies "
+                             f"(pool of {len(splits.train)})")
+    return dataclasses.replace(splits, pools=pools)

@@ -32,7 +32,8 @@ RUNS = {
             # the experiment as it was when this golden was recorded (c3f4b79; it has been tuned since)
             "warm_start.steps=0", "optim.lr=1e-5", "trainer.train_top_layers=0", "eval_before=true",
             "agent.prompt=search_r1_example", "agent.max_new_tokens=96", "agent.max_context_tokens=1536",
-            "reward.format_score=0.1", "retriever.top_k=3", "algo.group_size=5"],
+            "reward.format_score=0.1", "retriever.top_k=3", "algo.group_size=5", "algo.questions_per_step=8",
+            "sampling.temperature=1.0", "curriculum.warm_start=all", "curriculum.rl=all", "engine.vllm.block_size=0"],
 }
 
 

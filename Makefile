@@ -68,7 +68,7 @@ results: install
 	$(call RUN,end_train_corpus,mode=eval checkpoint=$(call END,main_$(BASE_DTYPE)_s0) data.corpus_scope=train $(call DT,$(BASE_DTYPE)))
 	rm -rf results/cpu_*
 	for r in $$(ls $(REF)); do $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
-	$(BIN)/python -m searchr1.study results --json results/study.json
+	$(BIN)/python -m searchr1.study results --json results/study.json --readme README.md
 
 results-clean:
 	rm -rf $(REF)

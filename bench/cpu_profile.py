@@ -1,10 +1,12 @@
 """Where the CPU experiment's time goes, on one core: the operators of a warm-start step, an RL training step,
 greedy agent episodes and answer turns on the rollout engine, split into matrix products, attention and the
-rest, and the matrix products' rate against one bf16 matmul of the model's MLP shape in the same run (the
-baseline).
+rest, and the matrix products' rate against one matmul of the model's MLP shape in the same run and in the
+dtype the phase computes in (the baseline): bf16 where the CPU computes it natively, else fp32 (placement.py).
 
     taskset -c 1 python bench/cpu_profile.py                  # search_r1_cpu settings; any Hydra override of conf/
     taskset -c 1 python bench/cpu_profile.py bench.out=/tmp/p.json
+    taskset -c 1 python bench/cpu_profile.py trainer.compute_dtype=fp32 engine.compute_dtype=fp32 \
+        bench.out=results/bench/cpu_profile_fp32.json      # the fp32 path, as an AVX2 CPU takes it
 
 Why: the demo is compute-bound on every core in every phase, so what it can still win is what runs below the
 matmul rate. The trajectories are real: the warm start's scripted ones for training questions (this project's
@@ -119,7 +121,7 @@ def main(argv: list[str]) -> dict:
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
     trained = sum(sum(t.loss_mask) for t in trajs)
     result = {"what": "operator time of the CPU experiment's phases on one core, by class; matmul rate vs a "
-                      "bf16 matmul of the MLP shape in the same run",
+                      "matmul of the MLP shape in the phase's compute dtype, in the same run",
               "command": "python bench/cpu_profile.py " + " ".join(argv), "experiment": cfg.experiment,
               "model": cfg.model.name, "host": platform.node(), "threads": torch.get_num_threads(),
               "peak_gflops": {"bf16": round(peak_gflops(torch.bfloat16), 1),
@@ -136,12 +138,15 @@ def main(argv: list[str]) -> dict:
                      for i, t in enumerate(trajs)]
         learner = Learner(cfg.model, algo, optim, cfg.trainer, "cpu", seed=cfg.seed,
                           temperature=cfg.sampling.temperature, train_top_layers=top)
-        result[name] = {"train_top_layers": top or "all", **profiled(lambda: learner.step(batch))}
+        result[name] = {"train_top_layers": top or "all", "compute_dtype": learner.compute_dtype_name,
+                        **profiled(lambda: learner.step(batch))}
         del learner
         gc.collect()
     worker = Worker(cfg, splits)
+    engine_dtype = str(worker.engine.compute_dtype).removeprefix("torch.")
     questions = splits.train[rows:rows + episodes]
-    result["greedy_episodes"] = {"episodes": len(questions), **profiled(lambda: worker.evaluate(questions))}
+    result["greedy_episodes"] = {"episodes": len(questions), "compute_dtype": engine_dtype,
+                                 **profiled(lambda: worker.evaluate(questions))}
     # The last turn of a searching episode, as after the warm start: its whole context prefilled (no prefix-cache
     # hit: the cache is reset before each call), then a greedy answer turn.
     contexts = [t.prompt_ids + t.response_ids[:last_turn(t.loss_mask)] for t in trajs]
@@ -152,11 +157,11 @@ def main(argv: list[str]) -> dict:
             worker.engine.llm.reset_prefix_cache()
         worker.engine.generate(contexts, greedy)
     result["answer_turns"] = {"contexts": len(contexts), "context_tokens": sum(map(len, contexts)),
-                              **profiled(answer_turns)}
+                              "compute_dtype": engine_dtype, **profiled(answer_turns)}
     for name in list(phases) + ["greedy_episodes", "answer_turns"]:
         if "matmul_gflops" in result[name]:
-            rate = result[name]["matmul_gflops"] / result["peak_gflops"]["bf16"]
-            result[name]["matmul_vs_peak_bf16"] = round(rate, 3)
+            dt = "bf16" if "bf" in str(result[name]["compute_dtype"]) else "fp32"
+            result[name][f"matmul_vs_peak_{dt}"] = round(result[name]["matmul_gflops"] / result["peak_gflops"][dt], 3)
     out = ROOT / own.get("bench.out", "results/bench/cpu_profile.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -5,7 +5,7 @@ evaluations of one end checkpoint (without search; without the held-out question
 into `results/` (searchr1.rundir.export), and then this module, which reads only those exported files:
 
     python -m searchr1.study results                 # the tables, as the README shows them
-    python -m searchr1.study results --json results/study.json
+    python -m searchr1.study results --json results/study.json --readme README.md   # and the README's block
 
 A training run's gain is its first held-out evaluation (where RL starts) against its last, question by question
 (exact McNemar). Runs pool two ways (searchr1.stats.pool): the exact stratified test over all their discordant
@@ -26,6 +26,7 @@ from searchr1.evaluation import read_predictions
 from searchr1.stats import Paired, paired_predictions, pool, wilson
 
 MAIN_P, MEDIAN_GAIN, POOLED_P = 0.05, 10.0, 1e-4  # what the study must show (issue 24's acceptance)
+BEGIN, END = "<!-- study:begin (python -m searchr1.study results) -->\n", "<!-- study:end -->"  # the README's block
 
 
 def _json(path: Path) -> dict:
@@ -156,10 +157,17 @@ def _cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m searchr1.study", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="the folder of exported runs (results/)")
     ap.add_argument("--json", help="also write the study as JSON here")
+    ap.add_argument("--readme", help=f"also replace the tables between {BEGIN.strip()} and {END} in this file")
     args = ap.parse_args(argv)
     s = study(args.root)
     if args.json:
         Path(args.json).write_text(json.dumps(s, indent=1) + "\n")
+    if args.readme:
+        text = Path(args.readme).read_text()
+        if BEGIN not in text or END not in text:
+            raise SystemExit(f"{args.readme}: no study block ({BEGIN.strip()} ... {END}) to replace")
+        head, rest = text.split(BEGIN, 1)
+        Path(args.readme).write_text(head + BEGIN + markdown(s) + END + rest.split(END, 1)[1])
     print(markdown(s), end="")
     return 0
 

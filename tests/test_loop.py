@@ -67,7 +67,7 @@ def test_every_rank_finished_and_every_step_was_recorded(smoke_run):
     assert [x[K.STEP] for x in evals] == [0, 3] and all(x[K.EVAL_N] == 4 for x in evals)
     assert (run / "predictions" / "step_000000.jsonl").is_file()
     # the console: one line per step, evaluation progress, the summary; library progress bars stay in the logs
-    assert "held-out EM before (step 0)" in r.stdout and str(run) in r.stdout
+    assert "held-out EM before (step 0)" in r.stdout and str(run) in r.stdout and "exact McNemar p = " in r.stdout
     assert [line.split(" | ")[0].split()[-1] for line in r.stdout.splitlines() if " | reward " in line] == \
         ["1/3", "2/3", "3/3"]
     assert "held-out eval of version 0: rank 2" in r.stdout and "Loading weights" not in r.stdout

@@ -67,7 +67,23 @@ def test_runs_pool_by_dtype_and_the_criteria_are_read_off(tmp_path):
 
 def test_the_readme_shows_the_table_the_committed_results_give():
     readme = (ROOT / "README.md").read_text()
-    begin, end = "<!-- study:begin (python -m searchr1.study results) -->\n", "<!-- study:end -->"
-    assert begin in readme and end in readme, "README.md lacks the study block"
-    shown = readme.split(begin, 1)[1].split(end, 1)[0]
+    from searchr1.study import BEGIN, END
+
+    assert BEGIN in readme and END in readme, "README.md lacks the study block"
+    shown = readme.split(BEGIN, 1)[1].split(END, 1)[0]
     assert shown == markdown(study(ROOT / "results"))
+
+
+def test_the_cli_rewrites_only_the_readme_block(tmp_path):
+    from searchr1.study import BEGIN, END, _cli
+
+    _run(tmp_path, "main_s0", ["seed=0"], [False] * 10, [True] * 9 + [False])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BEGIN}stale table\n{END}\nafter\n")
+    assert _cli([str(tmp_path), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{BEGIN}| run |") and text.endswith(f"{END}\nafter\n") and "stale" not in text
+    assert text.split(BEGIN, 1)[1].split(END, 1)[0] == markdown(study(tmp_path))
+    readme.write_text("no block here\n")
+    with pytest.raises(SystemExit, match="no study block"):
+        _cli([str(tmp_path), "--readme", str(readme)])

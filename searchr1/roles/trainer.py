@@ -13,10 +13,10 @@ import logging
 import time
 from pathlib import Path
 
-from searchr1 import checkpoint, faults, metrics, placement
+from searchr1 import checkpoint, faults, metrics, placement, stats
 from searchr1.config import Config
 from searchr1.dist import Topology
-from searchr1.evaluation import write_predictions
+from searchr1.evaluation import read_predictions, write_predictions
 from searchr1.liveness import StopRequested, Stopped, spread_stop
 from searchr1.protocol import BATCH, BYE, DONE, EVAL, GO, START, TIMES, Channel
 from searchr1.rundir import progress
@@ -262,8 +262,14 @@ class TrainerRole:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         if len(evals) >= 2:
             first, last = evals[0], evals[-1]
-            msg = (f"held-out EM before (step {first['step']}): {first[metrics.EVAL_EM_COUNT]}/{first[metrics.EVAL_N]}"
+            where = "held-out" if self.splits.eval_on == "heldout" else "dev"
+            msg = (f"{where} EM before (step {first['step']}): {first[metrics.EVAL_EM_COUNT]}/{first[metrics.EVAL_N]}"
                    f", after (step {last['step']}): {last[metrics.EVAL_EM_COUNT]}/{last[metrics.EVAL_N]}")
+            files = [self.run_dir / "predictions" / f"step_{e['step']:06d}.jsonl" for e in (first, last)]
+            if all(f.is_file() for f in files):  # the claim is a paired one: the same questions, before and after
+                r = stats.paired_predictions(*map(read_predictions, files))
+                msg += (f"; {r.only_b} questions gained, {r.only_a} lost, exact McNemar p = {r.p_value:.2g} "
+                        f"(python -m searchr1.stats {files[0]} {files[1]})")
             log.info(msg)
             progress(self.run_dir, msg)
         log.info("run folder: %s", self.run_dir)

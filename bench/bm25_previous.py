@@ -1,7 +1,7 @@
 """The previous bm25s query path (searchr1 at b4dff5f), kept as the benchmark's same-run baseline: a float32
 scan of every posting of every query term into an accumulator, the `depth` best passages kept, rescored in
 float64 and ranked in numpy per query. bench/retrieval.py times it on the same index and queries as today's
-kernel (searchr1.bm25_topk.top_k_exact)."""
+kernel (searchr1.retrieval.bm25_topk.top_k_exact)."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from searchr1 import retrieval
-from searchr1.bm25_select import heap_push as _heap_push  # unchanged since b4dff5f
+from searchr1.retrieval.base import rank
+from searchr1.retrieval.bm25 import tokenize
+from searchr1.retrieval.bm25_select import heap_push as _heap_push  # unchanged since b4dff5f
 
 
 @numba.njit(cache=True, nogil=True)
@@ -96,7 +97,7 @@ class Passage:  # the hit type as it was (a frozen dataclass)
 def search(index, queries: list[str], k: int, depth: int = 16, pool: ThreadPoolExecutor | None = None):
     """index.search(queries, k) as it was: the same tokens, the previous kernels and ranking."""
     cfg = index.cfg
-    tokens = [retrieval.tokenize(q, cfg.bm25.stopwords)[: cfg.bm25.max_query_words] for q in queries]
+    tokens = [tokenize(q, cfg.bm25.stopwords)[: cfg.bm25.max_query_words] for q in queries]
     ids = [[index.vocab[w] for w in q if w in index.vocab] for q in tokens]
     live = [i for i, q in enumerate(ids) if q]
     out = [[] for _ in tokens]
@@ -115,7 +116,7 @@ def search(index, queries: list[str], k: int, depth: int = 16, pool: ThreadPoolE
         exact_qc = rescore_exact(q_ptr, q_ids, cand_qc, s["indptr"], s["indices"], index.tf_z, index.len_d,
                                  index.idf_v, float(cfg.bm25.k1), float(cfg.bm25.b), index.avgdl)
         for row, i in enumerate(chunk):
-            out[i] = retrieval._rank(cand_qc[row], exact_qc[row], k)
+            out[i] = rank(cand_qc[row], exact_qc[row], k)
 
     if live:
         if threads == 1 or pool is None:

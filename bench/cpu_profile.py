@@ -102,7 +102,7 @@ def main(argv: list[str]) -> dict:
 
     from searchr1.data import load_splits
     from searchr1.engines.base import Sampling
-    from searchr1.index_cache import load_or_build
+    from searchr1.retrieval import load_or_build
     from searchr1.learner import Learner
     from searchr1.models import load_tokenizer
     from searchr1.retrieval import format_passages

@@ -1,5 +1,5 @@
 """Retrieval benchmark: rank_bm25 (reference) and bm25s side by side, on the shipped corpus and scaled corpora.
-In each bm25s child, on the same index and queries, in the same run: today's kernel (searchr1.bm25_topk.top_k_exact,
+In each bm25s child, on the same index and queries, in the same run: today's kernel (searchr1.retrieval.bm25_topk.top_k_exact,
 via Index.search), the previous one (bench/bm25_previous.py, the code of b4dff5f) and bm25s's own numba
 retrieval on the saved Okapi matrix (the peer; given our tokens, it returns ids and float32 scores only).
 
@@ -41,7 +41,9 @@ import numpy as np  # noqa: E402
 
 import bm25_previous  # noqa: E402
 import retrieval_peers  # noqa: E402
-from searchr1 import index_cache, retrieval  # noqa: E402
+from searchr1 import retrieval  # noqa: E402 (build_index, save_index, load_index)
+from searchr1.retrieval import bm25 as bm25_backend  # noqa: E402 (its tokenizer, for the peers)
+from searchr1.retrieval.bm25 import tokenize  # noqa: E402
 from searchr1.config import BM25Config, DataConfig, RetrieverConfig  # noqa: E402
 from searchr1.data import load_questions, load_splits  # noqa: E402
 
@@ -70,7 +72,7 @@ def real_queries(n: int) -> list[str]:
 def odd_queries(n: int) -> list[str]:
     """Queries of the shapes retrieval gets wrong most easily, drawn from the shipped text (seeded)."""
     rng = np.random.default_rng(SEED + 1)
-    words = [w for p in load_splits(DataConfig(), root=ROOT).corpus[:500] for w in retrieval.tokenize(p["text"])]
+    words = [w for p in load_splits(DataConfig(), root=ROOT).corpus[:500] for w in tokenize(p["text"])]
     fixed = ["the the the", "of", "in the", "what is the", "1 2 3 2019", "Beyoncé Beyonce", "zzqx the",
              "the " * 40 + "paris", "who who who was was the first", "", "   ", "??!", "qwertyuiopasdf"]
     out = list(fixed)
@@ -133,12 +135,12 @@ def child(spec: dict) -> dict:
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as d:
         if spec["persist"]:
             t0 = time.perf_counter()
-            index_cache.save_index(index, d)
+            retrieval.save_index(index, d)
             out["save_s"] = time.perf_counter() - t0
             out["index_bytes"] = sum(f.stat().st_size for f in Path(d).iterdir())
             del index
             t0 = time.perf_counter()
-            index = index_cache.load_index(d, passages, cfg)  # hashes the corpus and every file, maps the arrays
+            index = retrieval.load_index(d, passages, cfg)  # hashes the corpus and every file, maps the arrays
             out["load_s"] = time.perf_counter() - t0
         index.search(queries[:8])  # compiles (or loads) the numba kernels
         timed = queries[: spec["timed"]] if spec["timed"] else [queries[i % len(queries)] for i in range(2 * BATCH)]
@@ -176,7 +178,7 @@ def bm25s_numba(path: str, index, queries: list[str], threads: int) -> dict:
     bm.backend = "numba"
 
     def run(batch):
-        toks = [retrieval.tokenize(q, index.cfg.bm25.stopwords)[: index.cfg.bm25.max_query_words] for q in batch]
+        toks = [tokenize(q, index.cfg.bm25.stopwords)[: index.cfg.bm25.max_query_words] for q in batch]
         ids = [[index.vocab[w] for w in t if w in index.vocab] for t in toks]
         ids = [x for x in ids if x]  # bm25s cannot take an empty query
         return bm.retrieve(ids, k=TOP_K, show_progress=False, n_threads=threads, backend_selection="numba")
@@ -239,9 +241,9 @@ def single_query_child(spec: dict) -> dict:
     build_s = time.perf_counter() - t0
     ours_dir = os.path.join(spec["tmp"], "ours")
     os.makedirs(ours_dir)
-    index_cache.save_index(index, ours_dir)
-    index = index_cache.load_index(ours_dir, passages, cfg)  # memory-mapped, as a rollout rank serves it
-    engines, out["skipped"] = retrieval_peers.build_all(passages, index, ours_dir, build_s, retrieval, cfg,
+    retrieval.save_index(index, ours_dir)
+    index = retrieval.load_index(ours_dir, passages, cfg)  # memory-mapped, as a rollout rank serves it
+    engines, out["skipped"] = retrieval_peers.build_all(passages, index, ours_dir, build_s, bm25_backend, cfg,
                                                         spec["tmp"], spec.get("peers", ("pisa", "tantivy", "bm25s")))
     out["engines"] = {e.name: {"build_s": e.build_s, "index_bytes": e.index_bytes, **e.info} for e in engines}
     ks = spec.get("k", SINGLE_K)

@@ -142,7 +142,7 @@ def bm25s_numba(index, path: str, build_s: float, retrieval, cfg) -> Engine | st
 def build_all(passages, index, index_path: str, build_s: float, retrieval, cfg, tmp: str,
               peers=("pisa", "tantivy", "bm25s")) -> tuple[list, dict]:
     """(the engines that built, {peer: why it is missing}), of ours and `peers`."""
-    doc_words = [retrieval.tokenize(retrieval._doc_text(p), cfg.bm25.stopwords) for p in passages]
+    doc_words = [retrieval.tokenize(retrieval.doc_text(p), cfg.bm25.stopwords) for p in passages]
     engines, skipped = [ours(index, index_path, build_s)], {}
     for name, make in (("pisa", lambda d: pisa(doc_words, d, retrieval, cfg)),
                        ("tantivy", lambda d: tantivy(doc_words, d, retrieval, cfg)),

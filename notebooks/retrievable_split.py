@@ -14,7 +14,7 @@ from launch import compose_config  # noqa: E402
 from searchr1 import curriculum  # noqa: E402
 from searchr1.data import load_splits  # noqa: E402
 from searchr1.evaluation import read_predictions  # noqa: E402
-from searchr1.index_cache import load_or_build  # noqa: E402
+from searchr1.retrieval import load_or_build  # noqa: E402
 from searchr1.models import load_tokenizer  # noqa: E402
 from searchr1.retrieval import format_passages  # noqa: E402
 

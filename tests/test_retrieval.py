@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from searchr1 import bm25, bm25_topk
-from searchr1 import index_cache as C
+from searchr1 import retrieval as C  # the cache's save_index / load_index / load_or_build
 from searchr1 import retrieval as R
+from searchr1.retrieval import bm25 as B
+from searchr1.retrieval import bm25_scores as bm25
+from searchr1.retrieval import bm25_topk
 from searchr1.config import BM25Config, DataConfig, ModelConfig, RetrieverConfig
 from searchr1.data import load_splits
 
@@ -36,22 +38,22 @@ def real():
 
 
 def test_tokenize_lowercases_splits_on_non_alphanumerics_and_keeps_accents():
-    assert R.tokenize("Beyoncé's 2nd-album, snake_case  NAME!") == ["beyoncé", "s", "2nd", "album", "snake", "case",
+    assert B.tokenize("Beyoncé's 2nd-album, snake_case  NAME!") == ["beyoncé", "s", "2nd", "album", "snake", "case",
                                                                     "name"]
-    assert R.tokenize("   \n\t ") == []
-    assert R.tokenize("The cat and the hat", stopwords="en") == ["cat", "hat"]
+    assert B.tokenize("   \n\t ") == []
+    assert B.tokenize("The cat and the hat", stopwords="en") == ["cat", "hat"]
     with pytest.raises(ValueError, match="retriever.stopwords='fr'"):
-        R.tokenize("x", stopwords="fr")
-    assert R.tokenizer_signature("none") != R.tokenizer_signature("en")
+        B.tokenize("x", stopwords="fr")
+    assert B.tokenizer_signature("none") != B.tokenizer_signature("en")
 
 
 @pytest.mark.parametrize("backend", ["rank_bm25", "bm25s"])
 def test_scores_are_rank_bm25_okapi_scores(real, backend):
     passages, queries = real
-    okapi = BM25Okapi([R.tokenize(p["title"] + "\n" + p["text"]) for p in passages], k1=1.5, b=0.75, epsilon=0.25)
+    okapi = BM25Okapi([B.tokenize(p["title"] + "\n" + p["text"]) for p in passages], k1=1.5, b=0.75, epsilon=0.25)
     hits = R.build_index(passages, cfg_for(backend)).search(queries)
     for q, h in zip(queries, hits):
-        scores = okapi.get_scores(R.tokenize(q))
+        scores = okapi.get_scores(B.tokenize(q))
         want = np.lexsort((np.arange(len(scores)), -scores))[:3]
         assert [p.pid for p in h] == list(want), q
         assert [p.score for p in h] == [scores[i] for i in want], q  # bit for bit, not approximately
@@ -96,7 +98,7 @@ def test_cache_round_trip_loads_memory_mapped(tmp_path, real, backend):
     built = C.load_or_build(passages, cfg, str(tmp_path))
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     manifest = (folder / "manifest.json").read_text()
-    assert '"stopwords": "none"' in manifest and R.TOKENIZER_NAME in manifest  # the tokenizer is recorded
+    assert '"stopwords": "none"' in manifest and B.TOKENIZER_NAME in manifest  # the tokenizer is recorded
     again = C.load_or_build(passages, cfg, str(tmp_path))
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == [folder]
     if backend == "bm25s":
@@ -165,7 +167,7 @@ def test_two_threads_of_bm25s_give_the_one_thread_answer(real):
     one = R.build_index(passages, cfg_for("bm25s")).search(queries)
     two = R.build_index(passages, RetrieverConfig(name="bm25s", bm25=BM25Config(threads=2))).search(queries)
     assert one == two and one[60] == one[61] == [] and one[62] == one[59]
-    assert len(queries) >= R.PIPELINE * 2 * 8  # enough queries to be cut in slices
+    assert len(queries) >= B.PIPELINE * 2 * 8  # enough queries to be cut in slices
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +233,7 @@ def _odd_queries(passages) -> list[str]:
     """Queries of the shapes retrieval gets wrong most easily: repeated words, stop words only, one common word,
     unknown words among known ones, numbers, accents, and queries at the max_query_words cut."""
     g = np.random.default_rng(0)
-    words = [w for p in passages[:300] for w in R.tokenize(p["text"])]
+    words = [w for p in passages[:300] for w in B.tokenize(p["text"])]
     out = ["the the the", "of", "in the", "what is the", "1 2 3 2019", "Beyoncé Beyonce", "zzqx the",
            "the " * 40 + "paris", "who who who was was the first"]
     for _ in range(40):
@@ -245,9 +247,9 @@ def okapi_case(shipped):
     """2,500 shipped passages, odd and title queries, and rank_bm25's scores of every passage for each."""
     passages = shipped[:2500]
     cfg = cfg_for("bm25s")
-    okapi = BM25Okapi([R.tokenize(p["title"] + "\n" + p["text"]) for p in passages], k1=1.5, b=0.75, epsilon=0.25)
+    okapi = BM25Okapi([B.tokenize(p["title"] + "\n" + p["text"]) for p in passages], k1=1.5, b=0.75, epsilon=0.25)
     queries = _odd_queries(passages) + [p["title"] for p in passages[::97]]
-    toks = [R.tokenize(q)[:cfg.bm25.max_query_words] for q in queries]
+    toks = [B.tokenize(q)[:cfg.bm25.max_query_words] for q in queries]
     scores = [okapi.get_scores(t) if t else np.zeros(len(passages)) for t in toks]
     return passages, cfg, queries, toks, scores
 

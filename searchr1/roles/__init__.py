@@ -38,7 +38,7 @@ def prepare(cfg: Config, run_dir: Path) -> None:
     (exported outside torch.distributed: transformers 5 writes a model's weights only on rank 0 of a world),
     the BM25 index, and the delta codec's compiled kernel."""
     from searchr1 import models
-    from searchr1.index_cache import load_or_build
+    from searchr1.retrieval import load_or_build
     from searchr1.weightsync import kernel
 
     setup_logging("prepare")
@@ -136,7 +136,7 @@ def stage_pools(splits, cfg):
     c = cfg.curriculum
     if c.warm_start == "all" and c.rl == "all":
         return splits
-    from searchr1.index_cache import load_or_build
+    from searchr1.retrieval import load_or_build
     from searchr1.models import load_tokenizer
     from searchr1.retrieval import format_passages
     from searchr1.reward import make_score

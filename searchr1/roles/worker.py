@@ -19,7 +19,7 @@ from searchr1.data import Question, Splits
 from searchr1.engines import make_engine
 from searchr1.evaluation import evaluate
 from searchr1.protocol import Unit
-from searchr1.index_cache import load_or_build
+from searchr1.retrieval import load_or_build
 from searchr1.retrieval import format_passages, make_retrieve
 from searchr1.scripted import scripted_episodes
 from searchr1.reward import make_score

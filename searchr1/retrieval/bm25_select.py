@@ -1,4 +1,4 @@
-"""Selection and search helpers of the query kernel (searchr1/bm25_topk.py), numba, cached on disk: a bounded
+"""Selection and search helpers of the query kernel (bm25_topk.py), numba, cached on disk: a bounded
 heap of (score, passage) pairs, the k-th largest value, sorted-unique, binary and galloping searches.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The exact top-k query kernel over bm25.py's matrix: numba, cached on disk, so a process pays its compilation
-once per machine, not per start. Suffixes as in bm25.py (_v per term, _d per passage, _z per nonzero entry,
+"""The exact top-k query kernel over bm25_scores.py's matrix: numba, cached on disk, so a process pays its compilation
+once per machine, not per start. Suffixes as in bm25_scores.py (_v per term, _d per passage, _z per nonzero entry,
 _qc per query and candidate).
 """
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from searchr1.bm25_select import find, gallop, heap_push, kth, sort_unique
+from searchr1.retrieval.bm25_select import find, gallop, heap_push, kth, sort_unique
 
 
 @numba.njit(cache=True, nogil=True)

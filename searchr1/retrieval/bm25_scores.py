@@ -1,8 +1,8 @@
-"""BM25Okapi on arrays: the term-by-passage matrix and its scores (the query kernel: searchr1/bm25_topk.py).
+"""BM25Okapi on arrays: the term-by-passage matrix and its scores (the query kernel: bm25_topk.py).
 
 Pure functions over numpy arrays (suffixes: _v per vocabulary term, _d per passage, _z per nonzero (term, passage)
-entry in CSC order, _n per corpus token, _qc per query and candidate). `searchr1.retrieval` wraps them in an
-index.
+entry in CSC order, _n per corpus token, _qc per query and candidate). `searchr1.retrieval.bm25` wraps them in
+an index.
 """
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""BM25 retrieval that lives inside each rollout process.
-
-A separate retriever service stalled rollouts while they held GPUs, so every rollout rank holds its own index,
-built once per corpus and cached on disk (searchr1/index_cache.py), memory-mapped where the backend allows.
+"""The BM25 backends (retrieval inside each rollout process: a separate retriever service stalled rollouts while
+they held GPUs; each index is built once per corpus and cached on disk, searchr1/retrieval/cache.py, memory-mapped
+where the backend allows).
 
 Two backends behind `Index`:
 - `rank_bm25`: rank_bm25's BM25Okapi itself, the reference (exact, slow: a Python pass per passage and term).
 - `bm25s`: the index is bm25s's: its sparse CSC arrays of precomputed (term, passage) scores, its save/load and
   memory-mapped load. What is ours: the matrix is built here (vectorised numpy) with BM25Okapi's idf (negative idf
   floored to epsilon * mean idf), which none of bm25s's idf variants is, and ATIRE term weighting, which is
-  BM25Okapi's; the query kernel (searchr1/bm25.py: top_k_exact) is ours too: bm25s's numba retrieval compiles
+  BM25Okapi's; the query kernel (bm25_topk.py: top_k_exact) is ours too: bm25s's numba retrieval compiles
   for ~20 s in every process and cannot be cached, this one is cached on disk, weights a repeated query word
   instead of scanning it twice, breaks ties by passage id, and skips postings (exact dynamic pruning: once no
   unseen passage can reach the k-th score, common words only update the candidates). It sums float32 with
@@ -21,41 +20,27 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import pickle
 import re
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from searchr1 import bm25, bm25_topk
-from searchr1.config import RetrieverConfig
+from searchr1.retrieval import bm25_scores as bm25
+from searchr1.retrieval import bm25_topk
+from searchr1.retrieval.base import Index, IndexCorrupt, doc_text, rank
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from searchr1.config import RetrieverConfig
 
 FORMAT_VERSION = 1
 TOKENIZER_NAME = "lower-alnum-v1"
 _WORD_RE = re.compile(r"[^\W_]+")  # runs of Unicode letters and digits: "Beyoncé" stays one word
-NO_RESULTS = "No documents matched this query. Try different search terms."
 PIPELINE = 4  # slices of a batch per search thread (bm25s backend): tokenizing overlaps the kernels' searching
-
-
-class IndexCorrupt(RuntimeError):
-    """A saved index that cannot be served: missing, damaged, or built for another corpus or settings."""
-
-
-class Passage(NamedTuple):
-    """One hit (immutable; a named tuple because a batch builds thousands, ~5x faster than a frozen dataclass)."""
-
-    pid: int
-    title: str
-    text: str
-    score: float
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,93 +68,27 @@ def tokenizer_signature(stopwords: str) -> dict:
             "stopwords_sha256": hashlib.sha256("\n".join(stop).encode()).hexdigest()}
 
 
-def _doc_text(passage: dict) -> str:
-    return passage["title"] + "\n" + passage["text"]
+class BM25Index(Index):
+    """What the BM25 backends share: the tokenizer, a query's words, the settings their files depend on."""
 
-
-def _check_passages(passages) -> None:
-    if not isinstance(passages, (list, tuple)) or not passages:
-        raise ValueError(f"passages: need a non-empty list of dicts with 'title' and 'text', got {type(passages)}")
-    for i, p in enumerate(passages):
-        for field in ("title", "text"):
-            if not isinstance(p, dict) or not isinstance(p.get(field), str):
-                raise ValueError(f"passages[{i}]: field {field!r} missing or not a string ({str(p)[:80]!r})")
-
-
-def corpus_hash(passages: list[dict]) -> str:
-    """sha256 over titles and texts, length-prefixed so that no two corpora collide by concatenation."""
-    h = hashlib.sha256()
-    for p in passages:
-        t, x = p["title"].encode(), p["text"].encode()
-        h.update(b"%d:%s%d:%s" % (len(t), t, len(x), x))
-    return h.hexdigest()
-
-
-def _settings(cfg: RetrieverConfig) -> dict:
-    """Everything the saved index depends on (query-time knobs such as top_k are left out)."""
-    b = cfg.bm25
-    return {"format": FORMAT_VERSION, "backend": cfg.name, "k1": b.k1, "b": b.b, "epsilon": b.epsilon,
-            "tokenizer": tokenizer_signature(b.stopwords)}
-
-
-class Index:
-    """Batch BM25 search over a fixed list of passages; subclasses score, this class handles queries."""
-
-    backend = ""
-
-    def __init__(self, passages: list[dict], cfg: RetrieverConfig):
-        self.passages = passages
-        self.cfg = cfg
-        self.search_seconds = 0.0  # totals for the rollout's metrics (retrieval time vs generation time)
-        self.searched_queries = 0
-        self._titles = self._texts = None
-
-    def __len__(self) -> int:
-        return len(self.passages)
-
-    def search(self, queries: list[str], k: int | None = None) -> list[list[Passage]]:
-        """Top-k passages per query, best first; an empty query, or one of unknown words only, gets []."""
-        if isinstance(queries, str) or not all(isinstance(q, str) for q in queries):
-            raise TypeError(f"queries: need a list of strings, got {str(queries)[:80]!r}")
-        k = self.cfg.top_k if k is None else k
-        if not isinstance(k, int) or k <= 0:
-            raise ValueError(f"k={k!r}: must be a positive int")
-        t0 = time.perf_counter()
-        hits = self._top_k_text(queries, min(k, len(self.passages)))
-        if self._titles is None:  # passages' fields as lists: a hit's Passage is two list reads, not two dict ones
-            self._titles, self._texts = [p["title"] for p in self.passages], [p["text"] for p in self.passages]
-        titles, texts = self._titles, self._texts
-        out = [[Passage(pid, titles[pid], texts[pid], score) for pid, score in h] for h in hits]
-        self.search_seconds += time.perf_counter() - t0
-        self.searched_queries += len(queries)
-        return out
+    @classmethod
+    def settings(cls, cfg: RetrieverConfig) -> dict:
+        b = cfg.bm25
+        return {"format": FORMAT_VERSION, "backend": cfg.name, "k1": b.k1, "b": b.b, "epsilon": b.epsilon,
+                "tokenizer": tokenizer_signature(b.stopwords)}
 
     def words(self, query: str) -> list[str]:
         """A query's words as the index sees them: tokenized, cut at max_query_words."""
         return tokenize(query, self.cfg.bm25.stopwords)[: self.cfg.bm25.max_query_words]
 
-    def _top_k_text(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
-        """Each query's hits from its text (a backend that overlaps tokenizing with searching overrides this)."""
+    def top_k_text(self, queries, k):
         return self._top_k([self.words(q) for q in queries], k)
 
     def _top_k(self, tokens: list[list[str]], k: int) -> list[list[tuple[int, float]]]:
-        raise TypeError(f"{type(self).__name__} is not a backend; use build_index or load_or_build")
-
-    def save(self, path: str) -> dict:
-        """Write the backend's files into the existing folder `path`; return the manifest entries to record."""
-        raise TypeError(f"{type(self).__name__} is not a backend; use build_index or load_or_build")
+        raise NotImplementedError
 
 
-def _rank(pids, scores, k: int) -> list[tuple[int, float]]:
-    """Best k by (score desc, pid asc), dropping passages with no shared term (score <= 0)."""
-    if len(scores) > k:  # only passages tied with or above the k-th score can make it
-        keep = np.flatnonzero(scores >= np.partition(scores, -k)[-k])
-        pids, scores = pids[keep], scores[keep]
-    order = np.lexsort((pids, -scores))[:k]
-    return [(int(pids[i]), float(scores[i])) for i in order if scores[i] > 0]
-
-
-class RankBM25Index(Index):
+class RankBM25Index(BM25Index):
     backend = "rank_bm25"
 
     def __init__(self, passages, cfg, okapi):
@@ -181,12 +100,12 @@ class RankBM25Index(Index):
         from rank_bm25 import BM25Okapi
 
         # one string object per distinct word: rank_bm25 keeps a dict per passage, keyed by these
-        corpus = [[sys.intern(w) for w in tokenize(_doc_text(p), cfg.bm25.stopwords)] for p in passages]
+        corpus = [[sys.intern(w) for w in tokenize(doc_text(p), cfg.bm25.stopwords)] for p in passages]
         return cls(passages, cfg, BM25Okapi(corpus, k1=cfg.bm25.k1, b=cfg.bm25.b, epsilon=cfg.bm25.epsilon))
 
     def _top_k(self, tokens, k):
         pids = np.arange(len(self.passages))
-        return [_rank(pids, self.okapi.get_scores(q), k) if q else [] for q in tokens]
+        return [rank(pids, self.okapi.get_scores(q), k) if q else [] for q in tokens]
 
     def save(self, path):
         with open(os.path.join(path, "rank_bm25.pkl"), "wb") as f:
@@ -202,7 +121,7 @@ class RankBM25Index(Index):
         return cls(passages, cfg, okapi)
 
 
-class BM25sIndex(Index):
+class BM25sIndex(BM25Index):
     backend = "bm25s"
     _EXTRA = ("tf.npy", "doc_len.npy", "idf.npy")
 
@@ -220,7 +139,7 @@ class BM25sIndex(Index):
     def build(cls, passages, cfg):
         import bm25s
 
-        words = (tokenize(_doc_text(p), cfg.bm25.stopwords) for p in passages)
+        words = (tokenize(doc_text(p), cfg.bm25.stopwords) for p in passages)
         vocab, tok_n, len_d = bm25.count_tokens(words, len(passages))
         if not vocab:
             raise ValueError("passages: no passage has a single word; nothing to index")
@@ -238,7 +157,7 @@ class BM25sIndex(Index):
         tf_dtype = np.uint16 if tf_z.max() <= np.iinfo(np.uint16).max else np.uint32
         return cls(passages, cfg, bm, tf_z.astype(tf_dtype), len_d.astype(np.int32), idf_v)
 
-    def _top_k_text(self, queries, k):
+    def top_k_text(self, queries, k):
         out: list[list[tuple[int, float]]] = [[] for _ in queries]
         if not queries:
             return out
@@ -304,38 +223,3 @@ class BM25sIndex(Index):
             raise IndexCorrupt(f"{path}: bm25s arrays disagree with each other or with the corpus "
                                f"({len(passages)} passages)")
         return cls(passages, cfg, bm, tf_z, len_d, idf_v)
-
-
-def _backend(cfg: RetrieverConfig) -> type[Index]:
-    from searchr1.registry import RETRIEVERS, resolve
-
-    return resolve(RETRIEVERS, cfg.name, "retriever.name")
-
-
-def build_index(passages: list[dict], cfg: RetrieverConfig) -> Index:
-    """Index `passages` (dicts with 'title' and 'text') in memory with the backend `cfg.name`."""
-    _check_passages(passages)
-    return _backend(cfg).build(passages, cfg)
-
-
-def make_retrieve(index: Index, tokenizer, cfg: RetrieverConfig) -> Callable[[list[str]], list[str]]:
-    """The agent's search tool: one batched call per turn, each hit list as Search-R1's information text."""
-    def retrieve(queries: list[str]) -> list[str]:
-        return [format_passages(p, tokenizer, cfg.passage_max_tokens) for p in index.search(queries, cfg.top_k)]
-    return retrieve
-
-
-def format_passages(passages: list[Passage], tokenizer, max_tokens: int) -> str:
-    """Search-R1's information text: 'Doc i(Title: t) text' lines, each text cut to `max_tokens` tokens of the
-    policy's tokenizer; a clear sentence when nothing matched, so the agent knows to search differently."""
-    if max_tokens <= 0:
-        raise ValueError(f"max_tokens={max_tokens!r}: must be > 0")
-    if not passages:
-        return NO_RESULTS
-    ids = tokenizer([p.text for p in passages], add_special_tokens=False)["input_ids"]
-    lines = []
-    for i, (p, ids_t) in enumerate(zip(passages, ids), start=1):
-        # a cut inside a multi-byte character decodes to U+FFFD; drop that fragment
-        text = p.text if len(ids_t) <= max_tokens else tokenizer.decode(ids_t[:max_tokens]).rstrip("\ufffd")
-        lines.append(f"Doc {i}(Title: {p.title}) {text}")
-    return "\n".join(lines)

@@ -15,6 +15,7 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 
 
 def binom_two_sided(k: int, n: int) -> float:
@@ -22,8 +23,10 @@ def binom_two_sided(k: int, n: int) -> float:
     if n == 0:
         return 1.0
     lo = min(k, n - k)
-    tail = sum(math.comb(n, i) for i in range(lo + 1)) / 2.0**n
-    return min(1.0, 2.0 * tail)
+    # exact integers: 2.0**n overflows a float from n = 1,024 discordant questions, and the quotient of two
+    # huge floats loses what a small p-value is made of
+    tail = Fraction(sum(math.comb(n, i) for i in range(lo + 1)), 2**n)
+    return float(min(Fraction(1), 2 * tail))
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at k = 0 and k = n the bound is exactly 0 and 1; float rounding would print 0.9999999999999999
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
 
 
 def paired_predictions(a: list[dict], b: list[dict], key: str = "em") -> Paired:

@@ -61,3 +61,22 @@ def test_pooled_runs_add_their_discordant_questions_and_count_directions():
     assert p.median_delta_points == pytest.approx(100 * 8 / 12)  # the runs gained 8/12, 5/7 and 1/7 of their questions
     with pytest.raises(ValueError, match="at least one"):
         pool([])
+
+
+def test_exact_mcnemar_holds_past_a_thousand_discordant_questions():
+    """2.0**n overflowed a float from n = 1,024 (a full dev set reaches that); the test is exact integers."""
+    from searchr1.stats import binom_two_sided
+
+    assert binom_two_sided(512, 1024) == 1.0
+    assert binom_two_sided(600, 1200) == 1.0
+    p = binom_two_sided(450, 1024)  # 62 below the middle: about 3.9 standard deviations
+    assert 5e-5 < p < 2e-4
+    assert binom_two_sided(0, 2000) == 0.0  # 2 / 2**2000 is below the smallest float: 0, not an error
+    a = [True] * 700 + [False] * 400
+    b = [False] * 700 + [True] * 400
+    assert mcnemar(a, b).p_value < 1e-15
+
+
+def test_wilson_bounds_are_exact_at_zero_and_all():
+    assert wilson(200, 200)[1] == 1.0 and wilson(0, 200)[0] == 0.0
+    assert f"{wilson(7, 7)[1]}" == "1.0"

@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from searchr1.checks import refuse_non_finite
 from searchr1.config import Config, ConfigError, unknown_keys
 
 ConfigStore.instance().store(name="base_config", node=Config)
@@ -38,6 +39,7 @@ def validate(dcfg: DictConfig) -> Config:
     if unknown:
         raise SystemExit(f"config error: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
     try:
+        refuse_non_finite(OmegaConf.to_container(dcfg, resolve=True))
         return OmegaConf.to_object(dcfg)
     except ConfigError as err:
         raise SystemExit(f"config error: {err}")
@@ -49,6 +51,12 @@ def validate(dcfg: DictConfig) -> Config:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(dcfg: DictConfig) -> None:
     cfg = validate(dcfg)
+    from searchr1 import preflight
+
+    try:
+        preflight.check(cfg)  # paths and data limits, before a run folder or a rank exists
+    except ConfigError as err:
+        raise SystemExit(f"config error: {err}")
     from searchr1 import rundir
     from searchr1.cluster import job
 

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from searchr1 import registry
-from searchr1.checks import ConfigError, _check, _compute_dtype, _one_of, _positive
+from searchr1.checks import (ConfigError, _check, _compute_dtype, _finite, _one_folder_name, _one_of, _positive,
+                             refuse_non_finite)
 from searchr1.cluster.config import ClusterConfig, ElasticConfig, SlurmConfig  # noqa: F401 (part of the schema)
 from searchr1.curriculum import CurriculumConfig
 from searchr1.retrieval.schema import BM25Config, RetrieverConfig  # noqa: F401 (part of the schema)
@@ -304,6 +305,8 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self):
+        _finite(self)
+        _one_folder_name("run_name", self.run_name)
         _one_of("mode", self.mode, {"train", "eval"})
         _positive(self, "", "steps", "eval_every", "checkpoint_every", strict=False)
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
@@ -365,5 +368,6 @@ def from_dict(d: dict) -> Config:
     bad = unknown_keys(d)
     if bad:
         raise ConfigError(f"unknown config keys: {', '.join(bad)}")
+    refuse_non_finite(d)
     schema = OmegaConf.structured(Config)
     return OmegaConf.to_object(OmegaConf.merge(schema, d))

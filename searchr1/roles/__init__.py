@@ -158,8 +158,12 @@ def stage_pools(splits, cfg):
         pools["sft"] = [q for q, ok in zip(splits.train, curriculum.answerable(trajs, tok)) if ok]
     if c.rl == "retrievable":
         pools["rl"] = [q for q, ok in zip(splits.train, curriculum.retrievable(splits.train, search, render)) if ok]
+    per_step = {"sft": cfg.warm_start.questions_per_step, "rl": cfg.algo.questions_per_step}
     for stage, pool in pools.items():
+        key = f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}"
         if not pool:
-            raise ValueError(f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}: no training question qualifies "
-                             f"(pool of {len(splits.train)})")
+            raise ValueError(f"{key}: no training question qualifies (pool of {len(splits.train)})")
+        if len(pool) < per_step[stage]:  # a step would draw a question twice
+            raise ValueError(f"{key}={getattr(c, 'rl' if stage == 'rl' else 'warm_start')}: {len(pool)} training "
+                             f"questions qualify, fewer than the {per_step[stage]} questions per step")
     return dataclasses.replace(splits, pools=pools)

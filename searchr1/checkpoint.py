@@ -5,6 +5,7 @@
         model/            an HF directory (fp32 safetensors, config, tokenizer): evaluable as model.path
         trainer.pt        the learner's state (optimizer, scheduler, step, RNG) and `extra` (the step, the weights
                           version, a schedule's in-flight state)
+        reference.pt      the KL reference's weights, when it is not the base model (RL after a warm start)
         manifest.json     every other file's size and sha256, so a checkpoint proves itself
       latest              the name of the newest complete checkpoint; moved only once that one is complete
       damaged-step_000012/  a checkpoint whose files no longer match its manifest: kept aside, never deleted
@@ -28,6 +29,7 @@ import torch
 STATE_FILE = "trainer.pt"
 MODEL_DIR = "model"
 MANIFEST = "manifest.json"
+REFERENCE_FILE = "reference.pt"
 POINTER = "latest"
 DAMAGED = "damaged-"  # prefix of a checkpoint folder moved aside (not matched by step_*, so never rotated away)
 
@@ -108,6 +110,9 @@ def save(run_dir: Path, step: int, learner, extra: dict, keep: int) -> Path:
             learner.module.save_pretrained(tmp / MODEL_DIR)
             learner.tokenizer.save_pretrained(tmp / MODEL_DIR)
             torch.save({**learner.state_dict(), "extra": dict(extra)}, tmp / STATE_FILE)
+            if learner.ref is not None and learner.ref_step > 0:  # a reference no model file holds
+                torch.save({"step": learner.ref_step, "weights": learner.ref.policy.state_dict()},
+                           tmp / REFERENCE_FILE)
             _seal(tmp)
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             if path.exists():
@@ -180,6 +185,11 @@ def load(path: Path, learner) -> dict:
     # weights_only=False: the file holds numpy and python RNG states, and it is one this module wrote.
     sd = _torch_load(state_file, learner.device)
     learner.load_state_dict(sd, _read_safetensors(model_dir, learner.module, learner.device))
+    ref_file = path / REFERENCE_FILE
+    if learner.ref is not None and ref_file.is_file():  # the reference the uninterrupted run had
+        ref = _torch_load(ref_file, learner.device)
+        learner.ref.policy.load_state_dict(ref["weights"])
+        learner.ref_step = int(ref["step"])
     return sd.get("extra", {})
 
 

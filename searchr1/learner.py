@@ -155,6 +155,9 @@ class Learner:
         # sampled data is scored at its sampling temperature; supervised targets at the model's own (1)
         self.t = self.temperature if self.algo.sampled else 1.0
         self.ref = None
+        # the step whose policy is the reference: 0 is the base model; later (RL after a warm start) it is
+        # state that a checkpoint must carry (searchr1/checkpoint.py), since no file of the model holds it
+        self.ref_step = self.step_count
         if self.algo.needs_reference:
             ref, _ = load_model(self.model_cfg, dtype=self.compute_dtype or torch.float32)
             ref.load_state_dict(self.module.state_dict())

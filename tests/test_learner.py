@@ -457,3 +457,22 @@ def test_the_trainer_recomputes_behaviour_log_probs_at_the_sampling_temperature(
     at_1 = metrics(learner(lr=1e-9).step(trajs))
     assert at_t["approx_kl"] < 1e-6 and abs(at_t["is/mean"] - 1) < 1e-4 and at_t["is/ess"] > 0.999
     assert at_1["approx_kl"] > 1e-3
+
+
+def test_a_resume_after_the_warm_start_keeps_the_warm_started_kl_reference(tmp_path):
+    """Issue 26, finding 3: the reference is the policy where RL began; a learner rebuilt for a resume loaded
+    the base model as its reference, so the KL term pulled towards another policy than the uninterrupted run's."""
+    run = learner(lr=1e-2, kl_coef=0.1)
+    for s in range(2):  # the warm start's updates
+        run.step(make_trajs(60 + s))
+    run.restart(AlgoConfig(kl_coef=0.1), OptimConfig(lr=1e-2))  # where RL begins (trainer.py)
+    run.step(make_trajs(62))  # RL: the reference is the policy after the warm start
+    checkpoint.save(tmp_path, 3, run, {"step": 3}, keep=1)
+    want = {k: v.clone() for k, v in run.ref.policy.state_dict().items()}
+    resumed = learner(lr=1e-2, kl_coef=0.1, seed=1)
+    base = {k: v.clone() for k, v in resumed.ref.policy.state_dict().items()}
+    checkpoint.load(checkpoint.latest(tmp_path), resumed)
+    got = resumed.ref.policy.state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want) and resumed.ref_step == 2
+    assert not all(torch.equal(base[k], want[k]) for k in want)  # the base model is not that reference
+    assert torch.equal(flat_params(resumed), flat_params(run))

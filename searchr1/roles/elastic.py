@@ -34,6 +34,7 @@ from searchr1.rundir import progress
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
+DEAD = "dead/{}"  # set by the dispatcher for a worker it declared dead
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Dispatcher:
             self.dead.add(member)
             self.last_death = time.monotonic()
             why = "failed" if failed else "fell silent"
+            self.store.set(DEAD.format(member), why)  # it may be alive after all (a pause): it must re-register
             log.warning("rollout worker %s %s", member, why)
             progress(self.run_dir, f"rollout worker {member} {why}: its tasks are re-issued")
             return False
@@ -106,6 +108,14 @@ class Dispatcher:
             a = self.attempt[tid]
             if self.channel.ready(RESULT, tid=tid, attempt=a):
                 result = self.channel.get(RESULT, [], tid=tid, attempt=a)
+                t = self.open[tid]
+                if t.kind == "eval" and result.get("version") != t.key:
+                    # computed with other weights than the version it is a result for: not that evaluation
+                    log.error("task %s: result computed with weights version %s, not %d: re-issued", tid,
+                              result.get("version"), t.key)
+                    self.channel.delete(RESULT, tid=tid, attempt=a)
+                    self._reissue(tid, a)
+                    continue
                 self.done[tid] = (a, result)
                 key = f"elastic/units/{result['worker']}"
                 self.stats[key] = self.stats.get(key, 0.0) + 1
@@ -117,15 +127,7 @@ class Dispatcher:
             holder = self.store.get(claim).decode()
             if self.alive(holder):
                 continue
-            if a + 1 >= self.max_attempts:
-                log.error("task %s lost: %d attempts, every holder died", tid, a + 1)
-                self.lost.add(tid)
-                self.stats["elastic/lost"] += 1
-                del self.open[tid]
-            else:
-                self.attempt[tid] = a + 1
-                self.channel.put(TASK, (a + 1, self.open[tid]), tid=tid)
-                self.stats["elastic/reissued"] += 1
+            self._reissue(tid, a)
         for w in self.workers():
             if w not in self.joined and self.store.check([f"joined/{w}"]):
                 self.joined.add(w)
@@ -133,6 +135,18 @@ class Dispatcher:
                 if self.last_death is not None:
                     self.stats["elastic/rejoin_s"] = time.monotonic() - self.last_death
         self._publish_open()
+
+    def _reissue(self, tid: str, a: int) -> None:
+        """Attempt a + 1 of task `tid`, or the task lost once it has used up max_attempts."""
+        if a + 1 >= self.max_attempts:
+            log.error("task %s lost: %d attempts, none gave a result", tid, a + 1)
+            self.lost.add(tid)
+            self.stats["elastic/lost"] += 1
+            del self.open[tid]
+        else:
+            self.attempt[tid] = a + 1
+            self.channel.put(TASK, (a + 1, self.open[tid]), tid=tid)
+            self.stats["elastic/reissued"] += 1
 
     def wait(self, tids: list[str], block: bool = True, stoppable: bool = True) -> dict[str, object] | None:
         """The results of `tids` (a lost task's is absent) once all are settled; None if not yet and not
@@ -174,6 +188,7 @@ class ElasticWorker:
         self.cfg, self.run_dir, self.store, self.worker, self.weights = cfg, Path(run_dir), store, worker, weights
         self.id = f"w{int(store.add('workers/next', 1)) - 1}"
         self.slot = f"worker{os.environ.get('SEARCHR1_WORKER_SLOT', '?')}"  # the backend's slot (faults, logs)
+        self.heartbeat_period_s = heartbeat_period_s
         self.heartbeat = Heartbeat(lambda: store, self.id, heartbeat_period_s).start()
         self.channel = Channel(store, Liveness(store, cfg.cluster.heartbeat_timeout_s), abort=(DONE,))
         self.schedule_factory = schedule_factory
@@ -195,6 +210,7 @@ class ElasticWorker:
         self.schedule = self.schedule_factory(start["step"])
         log.info("rollout worker %s (pid %d) joined the run at step %d", self.id, os.getpid(), start["step"])
         while not self.store.check([DONE.key_for()]):
+            self._check_registration()
             task = self._claim()
             if task is None:
                 time.sleep(POLL_S)
@@ -203,6 +219,18 @@ class ElasticWorker:
             self.channel.put(RESULT, self._do(t), tid=t.tid, attempt=attempt)
         self.heartbeat.stop()  # before BYE: once trainer 0 hears it, the store's host may exit
         self.channel.put(BYE, True, rank=self.id)  # trainer 0 hosts the store: it waits for live workers to leave
+
+    def _check_registration(self) -> None:
+        """A worker the dispatcher declared dead (silent too long: a pause, a slow file system) has had its tasks
+        re-issued and its claims no longer count; it joins again under a new id rather than claim in vain."""
+        if not self.store.check([DEAD.format(self.id)]):
+            return
+        old = self.id
+        self.heartbeat.stop()
+        self.id = f"w{int(self.store.add('workers/next', 1)) - 1}"
+        self.heartbeat = Heartbeat(lambda: self.store, self.id, self.heartbeat_period_s).start()
+        log.warning("rollout worker %s was declared dead by the trainers: re-registered as %s", old, self.id)
+        progress(self.run_dir, f"rollout worker {old} re-registered as {self.id} (it had been declared dead)")
 
     def _claim(self):
         if not self.store.check([OPEN.key_for()]):
@@ -226,7 +254,7 @@ class ElasticWorker:
             faults.hit("eval", self.slot, t.key)
             preds, summary = self.worker.evaluate([self.worker.splits.evaluation[i] for i in t.questions])
             return {"predictions": preds, "seconds": summary.get("seconds", {}).get("total_s", 0.0),
-                    "worker": self.id}
+                    "worker": self.id, "version": self.weights.applied}
         self._version(self.schedule.version_for(t.key))
         faults.hit("rollout", self.slot, t.key)
         trajs, m = self.worker.generate(t.unit, lambda: self.weights.applied, self.schedule.stage(t.key))

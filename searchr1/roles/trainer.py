@@ -102,6 +102,10 @@ class TrainerRole:
         if self.lead:
             evaluated = {r[metrics.STEP] for r in metrics.records(self.writer.path, metrics.EVAL)}
             self.pending = [v for v in range(start, schedule.steps + 1) if schedule.eval_due(v) and v not in evaluated]
+            lost = [v for v in range(start) if schedule.eval_due(v) and v not in evaluated]
+            if lost:  # cut by the stop: the weights of those versions are gone, so say so rather than leave a gap
+                progress(self.run_dir, f"evaluations of versions {lost} were cut by the stop and cannot be redone "
+                                       f"after the resume at step {start} (their weights are not kept)")
             self._write_data_manifest()
             self.channel.put(START, {"step": start, "evaluate": self.pending[:1] == [start]})
             self.weights_out.publish(self.learner.bf16_weights(), version=start)

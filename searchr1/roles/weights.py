@@ -20,6 +20,11 @@ class WeightsOut:
         self.channel, self.publisher = channel, publisher
 
     def publish(self, weights: dict, version: int) -> dict[str, float]:
+        if getattr(self.publisher, "announce_after", False):  # files: announced once readable
+            m = self.publisher.publish(weights, version=version)
+            self.channel.put(WEIGHTS, version, version=version)
+            return m
+        # a broadcast: the receivers enter the collective only after the announcement, so it comes first
         self.channel.put(WEIGHTS, version, version=version)
         return self.publisher.publish(weights, version=version)
 

@@ -3,10 +3,18 @@
 NCCL and gloo groups cannot grow, and a member that dies takes the group with it, so rollout workers that come
 and go mid-run cannot be in the broadcast. Trainer rank 0 writes each publication instead (the very frames and
 digests the broadcast would carry, through `FileWire`) into run_dir/weights/, atomically (a temporary file
-renamed into place), and announces its version on the store; a worker reads the files it needs:
+renamed into place), and announces its version on the store once the file is there; a worker reads the files
+it needs:
 
-    v000010.full     every tensor: where a worker joins (a new one, a restarted one, or one that lost sync)
-    v000011.delta    only the elements that changed since v000010
+    weights/current              the folder of the publisher now running (replaced once its first file exists)
+    weights/i<id>/v000010.full   every tensor: where a worker joins (a new one, a restarted one, or one that
+                                 lost sync)
+    weights/i<id>/v000011.delta  only the elements that changed since v000010
+
+Each publisher (each incarnation of trainer rank 0: a requeued job, a resume from an older checkpoint) writes
+into a folder of its own, one file per version, and deletes the folders of earlier incarnations once its first
+full file is in place: files of two runs that share version numbers can never be mixed, and a worker that
+held weights of an earlier incarnation rejoins from the new one's full file.
 
 A full publication every `full_every` versions bounds what a joiner replays; files older than the
 second-newest full one are deleted. The bytes per step are those of the broadcast (each worker reads them once
@@ -17,6 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +36,7 @@ from searchr1.weightsync.transport import FileWire, Publisher, Subscriber, SyncE
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"v(\d{6})\.(full|delta)$")
+POINTER = "current"
 
 
 def publications(folder: Path) -> list[tuple[int, str, Path]]:
@@ -39,9 +50,13 @@ def publications(folder: Path) -> list[tuple[int, str, Path]]:
 
 
 class FilePublisher:
+    announce_after = True  # WeightsOut announces a version only once its file exists
+
     def __init__(self, run_dir: Path, cfg: SyncConfig, full_every: int, device="cpu"):
-        self.folder = Path(run_dir) / "weights"
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.root = Path(run_dir) / "weights"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.folder = self.root / f"i{time.time_ns():x}-{os.getpid()}"
+        self.folder.mkdir()
         self.publisher = Publisher(FileWire(None, True), cfg, device)
         self.full_every, self.first = full_every, None
 
@@ -55,8 +70,20 @@ class FilePublisher:
             self.publisher.wire = FileWire(f, True)
             m = self.publisher.publish(weights, version, full=full)
         os.replace(tmp, path)  # a reader never sees half a publication
+        if version == self.first:
+            self._take_over()
         self._prune()
         return m
+
+    def _take_over(self) -> None:
+        """Point workers at this incarnation's folder (its first full file exists) and delete earlier ones."""
+        tmp = self.root / f"{POINTER}.tmp"
+        tmp.write_text(self.folder.name + "\n")
+        tmp.replace(self.root / POINTER)
+        for old in self.root.iterdir():
+            if old.is_dir() and old != self.folder:
+                log.info("weights: deleting %s, an earlier publisher's files", old)
+                shutil.rmtree(old, ignore_errors=True)
 
     def _prune(self) -> None:
         pubs = publications(self.folder)
@@ -72,7 +99,8 @@ class FileSubscriber:
     full publication when it has none yet or when a file does not apply (lost sync)."""
 
     def __init__(self, run_dir: Path, cfg: SyncConfig, device="cpu"):
-        self.folder = Path(run_dir) / "weights"
+        self.root = Path(run_dir) / "weights"
+        self.folder: Path | None = None  # the publisher's folder this subscriber's weights come from
         self.cfg, self.device = cfg, device
         self.subscriber = Subscriber(FileWire(None, False), cfg, device)
         self.applied = -1
@@ -82,8 +110,9 @@ class FileSubscriber:
         """Apply publications until the views hold `version` (whose file must exist)."""
         out = {"sync/apply_s": 0.0, "sync/verify_s": 0.0, "sync/bytes": 0.0, "sync/joined": 0.0}
         for attempt in range(2):
-            path = self.folder
+            path = self.root
             try:
+                self._follow_publisher()
                 plan, joining = self._plan(version)
                 out["sync/joined"] = float(joining)
                 for v, _, path in plan:
@@ -104,12 +133,25 @@ class FileSubscriber:
                 log.warning("weights: rejoining from a full publication (%s: %s)", path, err)
         return out
 
+    def _follow_publisher(self) -> None:
+        """Read which folder the running publisher writes; a new one (a requeue, a resume) means a rejoin."""
+        try:
+            folder = self.root / (self.root / POINTER).read_text().strip()
+        except FileNotFoundError as err:
+            raise SyncError(f"{self.root}: nothing published yet") from err
+        if folder != self.folder:
+            if self.folder is not None:
+                log.warning("weights: a new publisher (%s) replaced %s: rejoining", folder.name, self.folder.name)
+            self.folder, self.applied, self.subscriber.synced = folder, -1, False
+
     def _plan(self, version: int) -> tuple[list[tuple[int, str, Path]], bool]:
-        """The files to read, in order, and whether that is a join (from a full publication)."""
+        """The files to read, in order, and whether that is a join (from a full publication). Weights newer
+        than `version` (a re-issued evaluation of an older version) are rebuilt from the newest full file at or
+        before it: a task is done with the version it names, or not at all."""
         pubs = [p for p in publications(self.folder) if p[0] <= version]
         if not pubs or pubs[-1][0] != version:
             raise SyncError(f"{self.folder}: no publication of version {version}")
-        if self.applied >= version:
+        if self.applied == version:
             return [], False
         if self.applied >= 0 and any(v == self.applied + 1 for v, _, _ in pubs):
             return [p for p in pubs if p[0] > self.applied], False

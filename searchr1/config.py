@@ -273,7 +273,7 @@ class WandbConfig:
 
 @dataclass
 class Config:
-    mode: str = "train"  # train | eval
+    mode: str = "train"  # train | eval | ask (searchr1/apps/ask.py)
     experiment: str = "default"
     seed: int = 0
     steps: int = 100  # RL steps (after warm_start.steps supervised ones, if any)
@@ -285,7 +285,9 @@ class Config:
     run_name: str = ""  # empty: <date>_<time>_<experiment>
     resume: str = ""  # a run folder to continue from its last checkpoint
     join: str = ""  # a running elastic run's folder: start rollout workers that join it (cluster.rollout_ranks)
-    checkpoint: str = ""  # mode=eval: a checkpoint to evaluate instead of the base model
+    checkpoint: str = ""  # mode=eval / ask: a checkpoint to evaluate instead of the base model (ask: or a run folder)
+    question: str = ""  # mode=ask: a question to put to the agent
+    questions_file: str = ""  # mode=ask: one question per line
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
@@ -304,7 +306,7 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self):
-        _one_of("mode", self.mode, {"train", "eval"})
+        _one_of("mode", self.mode, {"train", "eval", "ask"})
         _positive(self, "", "steps", "eval_every", "checkpoint_every", strict=False)
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
         e = self.cluster.elastic

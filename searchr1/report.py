@@ -233,12 +233,29 @@ def render(page: Path, dump_dom: bool = True, png: Path | None = None, fragment:
     return r.stdout
 
 
+def execute_notebook(path: str | Path, out: str | Path | None = None) -> int:
+    """Run a notebook headless (nbclient) from its own folder, as a person opening it would, and save it with
+    its outputs (to `out`, default in place) so that a repository page shows its figures; returns the number
+    of images. The notebook reads the runs under results/ unless SEARCHR1_RUNS names others."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    for cell in nb.cells:  # execution timestamps would change the committed file on every run
+        cell.metadata.pop("execution", None)
+    nbformat.write(nb, out or path)
+    return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
 def _cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m searchr1.report", description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="exported run folders (results/cpu_*) or runs/<run>")
     ap.add_argument("--study", help="also write one EM figure of the runs named cpu_main_* (or all given) here")
     ap.add_argument("--screenshot", action="append", default=[], metavar="RUN",
                     help=f"also save RUN/{SHOT} (a headless chromium's view of its report.html)")
+    ap.add_argument("--notebook", help="also execute this notebook in place (its outputs committed)")
     args = ap.parse_args(argv)
     try:
         runs = [write(r) for r in args.runs]
@@ -251,6 +268,8 @@ def _cli(argv: list[str] | None = None) -> int:
         main = [r for r in runs if r["name"].startswith("cpu_main_")] or runs
         study_figure(main, Path(args.study))
         print(f"report: {args.study} ({len(main)} runs)")
+    if args.notebook:
+        print(f"report: {args.notebook} executed ({execute_notebook(args.notebook)} figures)")
     for d in args.screenshot:
         render(Path(d) / REPORT, png=Path(d) / SHOT)
         print(f"report: {Path(d) / SHOT}")

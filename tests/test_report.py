@@ -76,3 +76,18 @@ def test_the_committed_report_is_what_the_committed_files_give(tmp_path):
     strip = lambda s: re.sub(r"base64,[A-Za-z0-9+/=]+", "", s)  # noqa: E731
     assert strip((RUN / report.REPORT).read_text()) == strip((run / report.REPORT).read_text())
     assert (RUN / report.SHOT).is_file() and (RUN / report.EVAL_FIG).is_file()
+
+
+def test_the_notebook_runs_headless_on_the_committed_results(tmp_path, monkeypatch):
+    """notebooks/analysis.ipynb is committed executed (a repository page shows its figures) and still runs on
+    the committed results/ (the smoke run's case is tests/test_loop.py)."""
+    committed = json.loads((ROOT / "notebooks" / "analysis.ipynb").read_text())
+    outputs = [o for c in committed["cells"] for o in c.get("outputs", [])]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5 and not [o for o in outputs if o.get("ename")]
+    monkeypatch.delenv("SEARCHR1_RUNS", raising=False)
+    nb = tmp_path / "notebooks" / "analysis.ipynb"
+    nb.parent.mkdir()
+    shutil.copy(ROOT / "notebooks" / "analysis.ipynb", nb)
+    (tmp_path / "results").symlink_to(ROOT / "results")
+    (tmp_path / "searchr1").symlink_to(ROOT / "searchr1")
+    assert report.execute_notebook(nb) == sum("image/png" in o.get("data", {}) for o in outputs)

@@ -54,6 +54,10 @@ def main(dcfg: DictConfig) -> None:
         from searchr1.apps.ask import main as ask
 
         sys.exit(ask(cfg))
+    if _is_multirun() and not cfg.wandb.group:  # every point of one sweep in one wandb group
+        from hydra.core.hydra_config import HydraConfig
+
+        cfg.wandb.group = f"{cfg.experiment}/sweep-{Path(HydraConfig.get().sweep.dir).name}"
     from searchr1 import rundir
     from searchr1.cluster import job
 

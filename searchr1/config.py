@@ -266,6 +266,8 @@ class WandbConfig:
     mode: str = "offline"  # offline | online | disabled; the WANDB_MODE environment variable wins
     project: str = "searchr1"
     entity: str = ""
+    group: str = ""  # empty: the experiment's name (launch.py names a -m sweep's group)
+    tags: list[str] = field(default_factory=list)  # added to seed/schedule/algo/dtype tags (searchr1/metrics.py)
 
     def __post_init__(self):
         _one_of("wandb.mode", self.mode, {"offline", "online", "disabled"})

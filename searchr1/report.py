@@ -125,6 +125,29 @@ def study_figure(runs: list[dict], path: Path) -> None:
     _save(fig, path)
 
 
+def schedules_figure(bench_json: Path, path: Path) -> None:
+    """bench/schedules.py's runs: steps/hour and the last evaluation's EM (95% Wilson) against the largest lag
+    each schedule trained with, one point per schedule."""
+    runs = json.loads(Path(bench_json).read_text())["runs"]
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (name, r) in enumerate(runs.items()):
+        lag = max(int(k) for k in r["lag_histogram"])
+        x = lag + 0.08 * (i - (len(runs) - 1) / 2)  # schedules of equal lag side by side
+        a.plot(x, r["steps_per_hour"], "o", label=name)
+        e = r["evals"][-1]
+        lo, hi = e["ci95"]
+        b.errorbar(x, e["em_pct"], yerr=[[e["em_pct"] - lo], [hi - e["em_pct"]]], marker="o", capsize=4, label=name)
+    a.set(xlabel="largest lag trained (policy versions)", ylabel="RL steps per hour", title="Throughput", ylim=(0, None))
+    b.set(xlabel="largest lag trained (policy versions)", ylabel="held-out EM (%)",
+          title=f"EM after {next(iter(runs.values()))['steps']} steps, 95% Wilson", ylim=(0, None))
+    for ax in (a, b):
+        ax.set_xticks(sorted({max(int(k) for k in r["lag_histogram"]) for r in runs.values()}))
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def turns(response: str) -> list[list[str]]:
     """The response cut into [kind, text] turns: think / search / information / answer, and any text outside
     the tags as `other` (a malformed trajectory shows what the model wrote)."""
@@ -255,6 +278,7 @@ def _cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--study", help="also write one EM figure of the runs named cpu_main_* (or all given) here")
     ap.add_argument("--screenshot", action="append", default=[], metavar="RUN",
                     help=f"also save RUN/{SHOT} (a headless chromium's view of its report.html)")
+    ap.add_argument("--schedules", metavar="JSON", help="also plot bench/schedules.py's JSON (a PNG beside it)")
     ap.add_argument("--notebook", help="also execute this notebook in place (its outputs committed)")
     args = ap.parse_args(argv)
     try:
@@ -268,6 +292,10 @@ def _cli(argv: list[str] | None = None) -> int:
         main = [r for r in runs if r["name"].startswith("cpu_main_")] or runs
         study_figure(main, Path(args.study))
         print(f"report: {args.study} ({len(main)} runs)")
+    if args.schedules:
+        out = Path(args.schedules).with_suffix(".png")
+        schedules_figure(Path(args.schedules), out)
+        print(f"report: {out}")
     if args.notebook:
         print(f"report: {args.notebook} executed ({execute_notebook(args.notebook)} figures)")
     for d in args.screenshot:

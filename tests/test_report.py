@@ -91,3 +91,9 @@ def test_the_notebook_runs_headless_on_the_committed_results(tmp_path, monkeypat
     (tmp_path / "results").symlink_to(ROOT / "results")
     (tmp_path / "searchr1").symlink_to(ROOT / "searchr1")
     assert report.execute_notebook(nb) == sum("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_the_schedules_figure_is_drawn_from_the_bench_json(tmp_path):
+    out = tmp_path / "schedules.png"
+    report.schedules_figure(ROOT / "results" / "bench" / "schedules.json", out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "results" / "bench" / "schedules.png").is_file()

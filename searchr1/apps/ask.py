@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -100,6 +101,7 @@ def main(cfg: Config, out=print) -> int:
     questions = read_questions(cfg)  # errors before any model loads
     cfg = resolve(cfg)
     logging.basicConfig(level=logging.WARNING, force=True)  # the console is the agent's, not the libraries'
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported (below, by the engine)
     try:
         import transformers
 

@@ -72,7 +72,7 @@ results: install
 	for r in $$(ls $(REF)); do $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
 	$(BIN)/python -m searchr1.study results --json results/study.json --readme README.md
 	$(BIN)/python -m searchr1.report results/cpu_main_* results/cpu_flipped_* --study results/study_em.png \
-	  --schedules results/bench/schedules.json --notebook notebooks/analysis.ipynb \
+	  --schedules results/bench/schedules.json --bench results/bench --notebook notebooks/analysis.ipynb \
 	  $$(command -v chromium >/dev/null && echo --screenshot results/cpu_main_$(BASE_DTYPE)_s0)
 
 results-clean:

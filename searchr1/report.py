@@ -148,6 +148,39 @@ def schedules_figure(bench_json: Path, path: Path) -> None:
     _save(fig, path)
 
 
+def bench_figures(bench: Path) -> list[Path]:
+    """The retrieval and weight-sync benchmarks against their peers, beside their JSON: queries per second of
+    each engine (one thread) per corpus and depth, and bytes per step of each codec for the production model."""
+    plt, out = _plt(), []
+    if (bench / "retrieval.json").is_file():
+        corpora = [c for c in json.loads((bench / "retrieval.json").read_text())["corpora"] if "single_query" in c]
+        fig, axes = plt.subplots(1, len(corpora), figsize=(6 * len(corpora), 3.6), squeeze=False)
+        for ax, c in zip(axes[0], corpora):
+            rows = [r for r in c["single_query"]["rows"] if r["threads"] == 1]
+            engines = list(rows[0]["engines"])
+            for j, e in enumerate(engines):
+                ax.bar([i + 0.2 * (j - (len(engines) - 1) / 2) for i in range(len(rows))],
+                       [r["engines"][e].get("qps", 0) for r in rows], 0.2, label=e)
+            ax.set_xticks(range(len(rows)), [f"top {r['k']}" for r in rows])
+            ax.set(ylabel="queries / s (1 thread)", title=f"{c['single_query']['passages']:,} passages")
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        _save(fig, bench / "retrieval.png")
+        out.append(bench / "retrieval.png")
+    if (bench / "weight_sync.json").is_file():
+        prod = json.loads((bench / "weight_sync.json").read_text())["production"]
+        names = list(prod["formats"])
+        fig, ax = plt.subplots(figsize=(9, 3.6))
+        ax.barh(names, [prod["formats"][n]["bytes_per_step"] / 1e6 for n in names])
+        ax.set(xscale="log", xlabel="MB per step (log)", title=f"{prod['model']}, {prod['receivers']} receivers, "
+               f"{100 * prod['changed_frac']:.2f}% of weights changed per step")
+        ax.invert_yaxis()
+        fig.tight_layout()
+        _save(fig, bench / "weight_sync.png")
+        out.append(bench / "weight_sync.png")
+    return out
+
+
 def turns(response: str) -> list[list[str]]:
     """The response cut into [kind, text] turns: think / search / information / answer, and any text outside
     the tags as `other` (a malformed trajectory shows what the model wrote)."""
@@ -279,6 +312,7 @@ def _cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--screenshot", action="append", default=[], metavar="RUN",
                     help=f"also save RUN/{SHOT} (a headless chromium's view of its report.html)")
     ap.add_argument("--schedules", metavar="JSON", help="also plot bench/schedules.py's JSON (a PNG beside it)")
+    ap.add_argument("--bench", metavar="DIR", help="also plot DIR/retrieval.json and DIR/weight_sync.json")
     ap.add_argument("--notebook", help="also execute this notebook in place (its outputs committed)")
     args = ap.parse_args(argv)
     try:
@@ -296,6 +330,9 @@ def _cli(argv: list[str] | None = None) -> int:
         out = Path(args.schedules).with_suffix(".png")
         schedules_figure(Path(args.schedules), out)
         print(f"report: {out}")
+    if args.bench:
+        for f in bench_figures(Path(args.bench)):
+            print(f"report: {f}")
     if args.notebook:
         print(f"report: {args.notebook} executed ({execute_notebook(args.notebook)} figures)")
     for d in args.screenshot:

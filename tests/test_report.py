@@ -97,3 +97,10 @@ def test_the_schedules_figure_is_drawn_from_the_bench_json(tmp_path):
     out = tmp_path / "schedules.png"
     report.schedules_figure(ROOT / "results" / "bench" / "schedules.json", out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "results" / "bench" / "schedules.png").is_file()
+
+
+def test_the_benchmark_figures_are_drawn_from_the_committed_json(tmp_path):
+    for name in ("retrieval.json", "weight_sync.json"):
+        shutil.copy(ROOT / "results" / "bench" / name, tmp_path)
+    assert [p.name for p in report.bench_figures(tmp_path)] == ["retrieval.png", "weight_sync.png"]
+    assert all((tmp_path / n).read_bytes()[:4] == b"\x89PNG" for n in ("retrieval.png", "weight_sync.png"))

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from searchr1.apps import ask
-from searchr1.config import Config
+from searchr1.config import Config, ModelConfig
 from searchr1.models import load_tokenizer
-from searchr1.config import ModelConfig
 from searchr1.reward import make_score
 from tests.test_agent import ScriptedEngine
 

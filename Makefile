@@ -46,7 +46,9 @@ bench: install
 # The main study in results/, regenerated from scratch: the CPU experiment for every seed under every compute
 # dtype this machine computes natively (bf16 only with avx512_bf16/amx, fp32 always: searchr1/placement.py), the
 # flipped-sign control, and evaluations of one end checkpoint without search and without the held-out questions'
-# passages; each run exported to results/cpu_<run> (no checkpoints), then the study's tables (searchr1/study.py).
+# passages; each run exported to results/cpu_<run> (no checkpoints), then the study's tables (searchr1/study.py),
+# each training run's figures and report.html (searchr1/report.py; its screenshot where chromium is installed),
+# and notebooks/analysis.ipynb executed in place (committed with its figures).
 # A finished run is kept (rerunning `make results` redoes only what is missing); `make results-clean` starts over.
 REF := runs/reference
 SEEDS ?= 0 1 2
@@ -69,6 +71,9 @@ results: install
 	rm -rf results/cpu_*
 	for r in $$(ls $(REF)); do $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
 	$(BIN)/python -m searchr1.study results --json results/study.json --readme README.md
+	$(BIN)/python -m searchr1.report results/cpu_main_* results/cpu_flipped_* --study results/study_em.png \
+	  --schedules results/bench/schedules.json --bench results/bench --notebook notebooks/analysis.ipynb \
+	  $$(command -v chromium >/dev/null && echo --screenshot results/cpu_main_$(BASE_DTYPE)_s0)
 
 results-clean:
 	rm -rf $(REF)

@@ -3,6 +3,7 @@
     python launch.py +experiment=search_r1                  # Slurm, one heterogeneous job
     python launch.py +experiment=search_r1_cpu              # local processes (the embedded default)
     python launch.py +experiment=search_r1_cpu mode=eval    # held-out evaluation of the model or a checkpoint
+    python launch.py +experiment=search_r1_cpu mode=ask checkpoint=RUN question="..."   # ask the agent
     python launch.py -m +experiment=search_r1 optim.lr=1e-6,2e-6   # one job per sweep point
     python launch.py +experiment=search_r1 --cfg job        # print the composed config
 
@@ -51,6 +52,14 @@ def validate(dcfg: DictConfig) -> Config:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(dcfg: DictConfig) -> None:
     cfg = validate(dcfg)
+    if cfg.mode == "ask":  # interactive, in this process: no run folder, no job
+        from searchr1.apps.ask import main as ask
+
+        sys.exit(ask(cfg))
+    if _is_multirun() and not cfg.wandb.group:  # every point of one sweep in one wandb group
+        from hydra.core.hydra_config import HydraConfig
+
+        cfg.wandb.group = f"{cfg.experiment}/sweep-{Path(HydraConfig.get().sweep.dir).name}"
     from searchr1 import preflight
 
     try:
@@ -105,7 +114,20 @@ def show_config(argv: list[str]) -> None:
     print(OmegaConf.to_yaml(shown, resolve="--resolve" in argv), end="")
 
 
+def quote_free_text(argv: list[str]) -> list[str]:
+    """`question=...` is free text: Hydra's override grammar refuses '?', ',', ':' or a dash unquoted, so the
+    value goes to Hydra single-quoted (as typed, unless the user quoted it for Hydra already)."""
+    out = []
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if key == "question" and eq and not value[:1] in ("'", '"'):
+            a = "question='" + value.replace("'", "\\'") + "'"
+        out.append(a)
+    return out
+
+
 if __name__ == "__main__":
+    sys.argv = quote_free_text(sys.argv)
     if "--cfg" in sys.argv or "-c" in sys.argv:
         show_config(sys.argv[1:])
     else:

@@ -267,6 +267,8 @@ class WandbConfig:
     mode: str = "offline"  # offline | online | disabled; the WANDB_MODE environment variable wins
     project: str = "searchr1"
     entity: str = ""
+    group: str = ""  # empty: the experiment's name (launch.py names a -m sweep's group)
+    tags: list[str] = field(default_factory=list)  # added to seed/schedule/algo/dtype tags (searchr1/metrics.py)
 
     def __post_init__(self):
         _one_of("wandb.mode", self.mode, {"offline", "online", "disabled"})
@@ -274,7 +276,7 @@ class WandbConfig:
 
 @dataclass
 class Config:
-    mode: str = "train"  # train | eval
+    mode: str = "train"  # train | eval | ask (searchr1/apps/ask.py)
     experiment: str = "default"
     seed: int = 0
     steps: int = 100  # RL steps (after warm_start.steps supervised ones, if any)
@@ -286,7 +288,9 @@ class Config:
     run_name: str = ""  # empty: <date>_<time>_<experiment>
     resume: str = ""  # a run folder to continue from its last checkpoint
     join: str = ""  # a running elastic run's folder: start rollout workers that join it (cluster.rollout_ranks)
-    checkpoint: str = ""  # mode=eval: a checkpoint to evaluate instead of the base model
+    checkpoint: str = ""  # mode=eval / ask: a checkpoint to evaluate instead of the base model (ask: or a run folder)
+    question: str = ""  # mode=ask: a question to put to the agent
+    questions_file: str = ""  # mode=ask: one question per line
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
@@ -307,7 +311,7 @@ class Config:
     def __post_init__(self):
         _finite(self)
         _one_folder_name("run_name", self.run_name)
-        _one_of("mode", self.mode, {"train", "eval"})
+        _one_of("mode", self.mode, {"train", "eval", "ask"})
         _positive(self, "", "steps", "eval_every", "checkpoint_every", strict=False)
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
         e = self.cluster.elastic

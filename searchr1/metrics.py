@@ -127,6 +127,26 @@ def eval_record(version: int, predictions: list[dict], seconds: float) -> dict:
     return rec
 
 
+PREDICTION_COLUMNS = ("step", "id", "question", "gold", "prediction", "em", "f1", "searches", "turns",
+                      "stop_reason", "response")
+
+
+def wandb_init_args(cfg: Config, run_dir: Path, resume_step: int = 0) -> dict | None:
+    """wandb.init's arguments, or None when wandb is off (WANDB_MODE wins over wandb.mode, so a cluster's
+    WANDB_MODE=online needs no change here). Runs group by experiment, or by sweep (launch.py names the group of
+    a -m sweep); tags say what differs between the runs of a group: seed, schedule, algorithm, compute dtype."""
+    mode = os.environ.get("WANDB_MODE", cfg.wandb.mode)
+    if mode == "disabled":
+        return None
+    name = Path(run_dir).name
+    tags = [f"seed:{cfg.seed}", f"schedule:{cfg.schedule.name}", f"algo:{cfg.algo.name}",
+            f"dtype:{cfg.trainer.compute_dtype}", f"experiment:{cfg.experiment}", *cfg.wandb.tags]
+    return dict(project=cfg.wandb.project, entity=cfg.wandb.entity or None, mode=mode, dir=str(run_dir),
+                name=name, id=name.replace(":", "-"), group=cfg.wandb.group or cfg.experiment,
+                job_type=cfg.mode, tags=tags, resume="allow" if resume_step else None,
+                config=json.loads(json.dumps(asdict(cfg))))
+
+
 class MetricsWriter:
     """Only trainer rank 0 writes. `resume_step`: the step a resumed run continues from."""
 
@@ -136,14 +156,11 @@ class MetricsWriter:
             truncate_after(self.path, resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
         self._wandb = None
-        mode = os.environ.get("WANDB_MODE", cfg.wandb.mode)
-        if mode != "disabled":
+        kwargs = wandb_init_args(cfg, run_dir, resume_step)
+        if kwargs is not None:
             import wandb
 
-            self._wandb = wandb.init(
-                project=cfg.wandb.project, entity=cfg.wandb.entity or None, mode=mode, dir=str(run_dir),
-                name=Path(run_dir).name, id=Path(run_dir).name.replace(":", "-"),
-                resume="allow" if resume_step else None, config=json.loads(json.dumps(asdict(cfg))))
+            self._wandb = wandb.init(**kwargs)
 
     def log(self, record: dict) -> None:
         record = {k: _clean(v) for k, v in record.items()}
@@ -153,6 +170,20 @@ class MetricsWriter:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
                             step=record.get(STEP))
+
+    def log_predictions(self, step: int, predictions: list[dict]) -> None:
+        """An evaluation's predictions as a wandb Table (one row per question, the whole response included),
+        beside the metrics of that step; the jsonl under predictions/ stays the record."""
+        if self._wandb is None:
+            return
+        import wandb
+
+        table = wandb.Table(columns=list(PREDICTION_COLUMNS))
+        for p in predictions:
+            table.add_data(step, p["id"], p["question"], " | ".join(p["answers"]), p.get("prediction"),
+                           float(p["em"]), float(p["f1"]), int(p["searches"]), int(p.get("turns", 0)),
+                           p.get("stop_reason", ""), p.get("response", ""))
+        self._wandb.log({"eval/predictions": table}, step=step)
 
     def close(self) -> None:
         self._file.close()

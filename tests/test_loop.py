@@ -106,6 +106,29 @@ def test_notebook_executes_on_the_run_folder(smoke_run, tmp_path):
         o.get("ename", "") for c in nb.cells for o in c.get("outputs", []))
 
 
+def test_ask_puts_a_question_to_the_runs_checkpoint_as_evaluation_does(smoke_run, tmp_path):
+    """mode=ask on the run folder takes its newest checkpoint and runs the evaluation's loop: greedy, the same
+    engine, prompt and index, so on a held-out question it ends as the run's last evaluation did."""
+    _, run = smoke_run
+    last = [json.loads(line) for line in (run / "predictions" / "step_000003.jsonl").read_text().splitlines()]
+    qfile = tmp_path / "questions.txt"
+    qfile.write_text("\n".join(p["question"] for p in last[:2]) + "\n")
+    r = subprocess.run([sys.executable, "launch.py", "+experiment=smoke", "mode=ask", f"checkpoint={run}",
+                        f"question={last[0]['question']}", f"questions_file={qfile}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout.splitlines()
+    assert out[0].startswith(f"model {run}/checkpoints/step_000003/model on ")
+    answers = [line for line in out if line.startswith("answer: ")]
+    assert [line.removeprefix("question: ") for line in out if line.startswith("question: ")] == \
+        [last[0]["question"], last[0]["question"], last[1]["question"]]
+    for line, p in zip(answers, [last[0], last[0], last[1]]):
+        shown = p["prediction"] if p["prediction"] is not None else f"(none: {p['stop_reason']})"
+        assert line.startswith(f"answer: {shown} | searches spent: {p['searches']} | {p['turns']} turns"), line
+        assert line.endswith(f"EM {int(p['em'])}")
+    assert sum(line.startswith("  turn ") for line in out) >= 3
+
+
 def test_a_second_run_gets_a_new_folder(tmp_path):
     from searchr1 import rundir
     from searchr1.config import Config

@@ -1,5 +1,6 @@
 """The metrics owner: step records by declared rules, lag statistics, and a resumed run's log."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,57 @@ def test_phase_timer_books_the_rest_as_wait():
     out = t.close()
     assert set(out) == {"train", "wait", "wall"} and out["wait"] <= out["wall"]
     assert json.dumps(out)
+
+
+def test_wandb_runs_group_by_experiment_and_are_tagged(monkeypatch, tmp_path):
+    from searchr1.config import AlgoConfig, ScheduleConfig
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = Config(experiment="search_r1_cpu", seed=2, schedule=ScheduleConfig(name="pipelined", max_lag=1),
+                 algo=AlgoConfig(name="grpo"), wandb=WandbConfig(mode="offline", tags=["study"]))
+    args = K.wandb_init_args(cfg, tmp_path / "main_s2")
+    assert args["group"] == "search_r1_cpu" and args["name"] == "main_s2" and args["job_type"] == "train"
+    assert {"seed:2", "schedule:pipelined", "algo:grpo", "study"} <= set(args["tags"])
+    cfg.wandb.group = "mine"
+    assert K.wandb_init_args(cfg, tmp_path)["group"] == "mine"
+    monkeypatch.setenv("WANDB_MODE", "online")  # a cluster's environment wins, nothing else changes
+    assert K.wandb_init_args(cfg, tmp_path)["mode"] == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert K.wandb_init_args(cfg, tmp_path) is None
+
+
+def test_an_offline_run_holds_the_predictions_table_and_the_tags(monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    w = K.MetricsWriter(Config(experiment="smoke", seed=3, wandb=WandbConfig(mode="offline")), tmp_path)
+    preds = [{"id": "q1", "question": "Where?", "answers": ["Paris"], "prediction": "Paris", "em": 1.0, "f1": 1.0,
+              "searches": 1, "turns": 2, "stop_reason": "answer", "response": "<search> x </search> <answer> Paris </answer>"},
+             {"id": "q2", "question": "Who?", "answers": ["Ann"], "prediction": None, "em": 0.0, "f1": 0.0,
+              "searches": 0, "turns": 1, "stop_reason": "eos", "response": ""}]
+    w.log(K.eval_record(4, preds, 1.0))
+    w.log_predictions(4, preds)
+    w.close()
+    (table,) = (tmp_path / "wandb").glob("offline-run-*/files/media/table/eval/predictions_4_*.table.json")
+    got = json.loads(table.read_text())
+    assert got["columns"] == list(K.PREDICTION_COLUMNS)
+    assert got["data"][0][:6] == [4, "q1", "Where?", "Paris", "Paris", 1.0] and got["data"][1][4] is None
+    (record,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert all(s in record.read_bytes() for s in (b"seed:3", b"schedule:sync", b"algo:grpo"))
+
+
+def test_a_sweep_is_one_wandb_group(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "launch.py", "-m", "+experiment=smoke", "seed=0,1", "cluster.backend=slurm",
+                        "cluster.slurm.submit=false", f"run_root={tmp_path}"], cwd=root, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    groups = {yaml.safe_load(c.read_text())["wandb"]["group"] for c in tmp_path.glob("*/config.yaml")}
+    assert len(list(tmp_path.glob("*/config.yaml"))) == 2 and len(groups) == 1
+    assert groups.pop().startswith("smoke/sweep-")

@@ -227,6 +227,7 @@ class TrainerRole:
             write_predictions(out / f"step_{v:06d}.jsonl", preds)
             rec = metrics.eval_record(v, preds, max(part["seconds"] for part in parts))
             self.writer.log(rec)
+            self.writer.log_predictions(v, preds)
             where = "held-out" if self.splits.eval_on == "heldout" else "dev"
             msg = (f"{where} EM at version {v}: {rec[metrics.EVAL_EM_COUNT]}/{rec[metrics.EVAL_N]} "
                    f"({100 * rec[metrics.EVAL_EM]:.1f}%), F1 {rec[metrics.EVAL_F1]:.3f}, searched "

@@ -110,7 +110,7 @@ def save(run_dir: Path, step: int, learner, extra: dict, keep: int) -> Path:
             learner.module.save_pretrained(tmp / MODEL_DIR)
             learner.tokenizer.save_pretrained(tmp / MODEL_DIR)
             torch.save({**learner.state_dict(), "extra": dict(extra)}, tmp / STATE_FILE)
-            if learner.ref is not None and learner.ref_step > 0:  # a reference no model file holds
+            if getattr(learner, "ref", None) is not None and learner.ref_step > 0:  # a reference no model file holds
                 torch.save({"step": learner.ref_step, "weights": learner.ref.policy.state_dict()},
                            tmp / REFERENCE_FILE)
             _seal(tmp)
@@ -186,7 +186,7 @@ def load(path: Path, learner) -> dict:
     sd = _torch_load(state_file, learner.device)
     learner.load_state_dict(sd, _read_safetensors(model_dir, learner.module, learner.device))
     ref_file = path / REFERENCE_FILE
-    if learner.ref is not None and ref_file.is_file():  # the reference the uninterrupted run had
+    if getattr(learner, "ref", None) is not None and ref_file.is_file():  # the reference the uninterrupted run had
         ref = _torch_load(ref_file, learner.device)
         learner.ref.policy.load_state_dict(ref["weights"])
         learner.ref_step = int(ref["step"])

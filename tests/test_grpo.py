@@ -173,3 +173,34 @@ def test_decoupled_loss_on_policy_is_the_plain_policy_gradient():
     a, _ = grpo.decoupled_policy_loss(logp, logp, adv, mask, 0.2, 2.0, "token_mean")
     b, _ = grpo.policy_loss(logp, logp, adv, mask, 0.2, "token_mean")
     assert a.item() == pytest.approx(b.item())
+
+
+def test_decoupled_loss_with_a_proximal_pass_drops_overweight_tokens_and_clips():
+    """Several steps per batch (AReaL): proximal p = [0.5, 0.2, 0.3], behaviour p = [0.25, 0.4, 0.3] give
+    w = [2.0, 0.5, 1.0]; with is_cap 1.5 the first token is dropped (weight 0, still in the denominator), not
+    clamped to 1.5. The current policy has moved: ratios to the proximal one [1, 1.5, 1.0]; with A = 1 and
+    eps 0.2 the second token is clipped (no gradient), so the clip acts and clip_frac = 1/3."""
+    prox = torch.tensor([[math.log(0.5), math.log(0.2), math.log(0.3)]])
+    old = torch.tensor([[math.log(0.25), math.log(0.4), math.log(0.3)]])
+    logp = (prox + torch.tensor([[0.0, math.log(1.5), 0.0]])).requires_grad_(True)
+    loss, st = grpo.decoupled_policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 3), clip_eps=0.2,
+                                          is_cap=1.5, agg="token_mean", prox_logp_bt=prox)
+    # token 1: dropped -> 0; token 2: clipped ratio 1.2 * w 0.5; token 3: ratio 1 * w 1
+    assert loss.item() == pytest.approx(-(0.0 + 1.2 * 0.5 + 1.0) / 3)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.0, 0.0, -1.0 / 3])
+    assert st["clip_frac"].item() == pytest.approx(1 / 3)
+    assert st["is_truncated"].item() == 1 and st["is_max"].item() == pytest.approx(2.0)
+
+
+def test_decoupled_loss_with_one_step_per_batch_never_clips():
+    """Without a proximal pass the ratio is exactly 1 whatever the behaviour policy: clip_frac is 0 even where
+    the plain PPO ratio against behaviour is far outside [1 - eps, 1 + eps]."""
+    torch.manual_seed(0)
+    logp = torch.randn(4, 6) - 2
+    old = logp + 2 * torch.randn(4, 6)
+    _, st = grpo.decoupled_policy_loss(logp, old, torch.tensor([1.0, -1.0, 2.0, -0.5]), torch.ones(4, 6), 0.2,
+                                       2.0, "token_mean")
+    _, naive = grpo.policy_loss(logp, old, torch.tensor([1.0, -1.0, 2.0, -0.5]), torch.ones(4, 6), 0.2,
+                                "token_mean")
+    assert st["clip_frac"].item() == 0.0 and naive["clip_frac"].item() > 0.3

@@ -80,7 +80,8 @@ class GRPO:
         n = max(sums["tokens"], 1)
         out = {"loss": sums["loss"], "clip_frac": sums["clip_tokens"] / n, "approx_kl": sums["approx_kl_tokens"] / n,
                "entropy": sums["entropy"] / n, "tokens_trained": sums["tokens"], "seqs_trained": sums["rows"],
-               # importance weights pi_current / pi_behav over trained tokens (truncated at is_cap when decoupled)
+               # importance weights pi_trainer / pi_behav over trained tokens, untruncated (is/mean is the measured
+               # mismatch; is/truncated_frac the share above is_cap, which the decoupled objective clamps)
                "is/mean": sums["is_sum"] / n, "is/max": sums["is_max"], "is/truncated_frac": sums["is_truncated"] / n,
                "is/ess": sums["is_sum"] ** 2 / (n * sums["is_sq_sum"]) if sums["is_sq_sum"] > 0 else 1.0}
         if self.needs_reference:

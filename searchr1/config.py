@@ -74,6 +74,9 @@ class DataConfig:
     # of training, and eval_on=dev evaluates on them instead of the held-out set.
     dev_size: int = 0
     eval_on: str = "heldout"  # heldout | dev
+    # Held-out sets evaluated at every evaluation point (registry.DATASETS); each its own corpus, metrics line and
+    # prediction files (searchr1/datasets). hotpotqa, the training set's own, is always evaluated.
+    eval_sets: list[str] = field(default_factory=lambda: ["hotpotqa"])
 
     def __post_init__(self):
         _check(len(self.train_files) > 0, "data.train_files", self.train_files, "needs at least one file")
@@ -84,6 +87,12 @@ class DataConfig:
         _positive(self, "data", "dev_size", strict=False)
         _check(self.eval_on == "heldout" or self.dev_size > 0, "data.eval_on", self.eval_on,
                "needs data.dev_size > 0 (the dev questions are taken from the training pool)")
+        for name in self.eval_sets:
+            _one_of("data.eval_sets", name, registry.DATASETS)
+        _check(self.eval_sets[:1] == ["hotpotqa"] and len(set(self.eval_sets)) == len(self.eval_sets),
+               "data.eval_sets", self.eval_sets, "must start with hotpotqa and name each set once")
+        _check(self.eval_on == "heldout" or self.eval_sets == ["hotpotqa"], "data.eval_sets", self.eval_sets,
+               "other sets' held-out questions stay untouched while tuning (data.eval_on=dev)")
 
 
 @dataclass
@@ -319,6 +328,8 @@ class Config:
         if e.enabled:
             _check(self.schedule.name == "sync", "schedule.name", self.schedule.name,
                    "elastic rollouts run the synchronous schedule (cluster.elastic.enabled=true)")
+            _check(self.data.eval_sets == ["hotpotqa"], "data.eval_sets", self.data.eval_sets,
+                   "elastic rollouts evaluate hotpotqa only (cluster.elastic.enabled=true)")
             _check(e.min_rollouts <= self.cluster.rollout_ranks, "cluster.elastic.min_rollouts", e.min_rollouts,
                    f"more than cluster.rollout_ranks={self.cluster.rollout_ranks}")
         _check(not self.join or e.enabled, "join", self.join, "needs cluster.elastic.enabled=true (the run's own)")

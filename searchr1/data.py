@@ -49,6 +49,7 @@ class Splits:
     dev: list[Question] = field(default_factory=list)  # training questions kept out of training (data.dev_size)
     eval_on: str = "heldout"
     pools: dict = field(default_factory=dict)  # stage (sft | rl) -> its training questions (searchr1/curriculum.py)
+    eval_sets: dict = field(default_factory=dict)  # name -> searchr1.datasets.EvalSet: the other held-out sets
 
     def pool(self, stage: str) -> list[Question]:
         """The training questions `stage` draws from: its curriculum's pool, else the whole training pool."""

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy Search-R1 episodes, one per question, scored by HotpotQA EM and F1.
+"""Held-out evaluation: greedy Search-R1 episodes, one per question, scored by HotpotQA EM and F1, or by the
+official EM and F1 of the set the questions come from (searchr1/datasets/scoring.py).
 
 `evaluate` is what the rollout role runs during training and what `mode=eval` runs (searchr1/apps/evaluate.py);
 one prediction line per question, and a summary with counts.
@@ -20,9 +21,10 @@ log = logging.getLogger(__name__)
 
 def evaluate(engine, questions: list, retrieve: Callable[[list[str]], list[str]], agent: AgentConfig,
              sampling: SamplingConfig, score: Score, batch_size: int,
-             progress: Callable[[int, int], None] = lambda done, total: None) -> tuple[list[dict], dict]:
+             progress: Callable[[int, int], None] = lambda done, total: None,
+             scorer: tuple[Callable, Callable] | None = None) -> tuple[list[dict], dict]:
     """Greedy episodes over `questions` in batches of `batch_size`: (prediction lines, summary).
-    `progress(done, total)` is called after each batch."""
+    `progress(done, total)` is called after each batch; `scorer`: the set's (em, f1) when not HotpotQA's."""
     predictions, timing = [], {"rollout/generation_s": 0.0, "rollout/retrieval_s": 0.0, "rollout/total_s": 0.0}
     greedy = sampling_for(agent, sampling, greedy=True)
     for start in range(0, len(questions), batch_size):
@@ -35,6 +37,8 @@ def evaluate(engine, questions: list, retrieve: Callable[[list[str]], list[str]]
                                 "response": t.response_text, "prediction": t.prediction, "em": t.em, "f1": t.f1,
                                 "searches": t.searches, "turns": t.turns, "stop_reason": t.stop_reason,
                                 "malformed": t.malformed})
+            if scorer is not None:
+                predictions[-1].update(em=scorer[0](t.prediction, q.answers), f1=scorer[1](t.prediction, q.answers))
         progress(len(predictions), len(questions))
     return predictions, summarize(predictions, timing)
 

@@ -36,6 +36,9 @@ from searchr1.config import Config
 log = logging.getLogger(__name__)
 
 KIND, STEP, TRAIN, EVAL = "kind", "step", "train", "eval"
+# One line per other held-out set (data.eval_sets) and evaluation: the eval/ keys of `eval_record` plus the set's
+# name; their own kind, so that every reader of the HotpotQA evaluations (kind eval) reads what it did before.
+EVAL_SET, DATASET = "eval_set", "dataset"
 REWARD, EM, F1 = "rollout/reward", "rollout/em", "rollout/f1"
 ANSWER_RATE, SEARCHES, SEARCHED_RATE = "rollout/answer_rate", "rollout/searches", "rollout/searched_rate"
 TRAJECTORIES = "rollout/trajectories_total"
@@ -127,6 +130,15 @@ def eval_record(version: int, predictions: list[dict], seconds: float) -> dict:
     return rec
 
 
+def eval_set_record(dataset: str, version: int, predictions: list[dict], seconds: float) -> dict:
+    """The record of one evaluation of weights `version` on the held-out set `dataset` (its own EM and F1)."""
+    return {**eval_record(version, predictions, seconds), KIND: EVAL_SET, DATASET: dataset}
+
+
+def set_records(path: str | Path, dataset: str) -> list[dict]:
+    return [r for r in records(path, EVAL_SET) if r.get(DATASET) == dataset]
+
+
 PREDICTION_COLUMNS = ("step", "id", "question", "gold", "prediction", "em", "f1", "searches", "turns",
                       "stop_reason", "response")
 
@@ -168,10 +180,12 @@ class MetricsWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
+            rename = (lambda k: k.replace("eval/", f"eval/{record[DATASET]}/", 1)) if record.get(KIND) == EVAL_SET \
+                else (lambda k: k)  # each set its own wandb panel, beside HotpotQA's eval/
+            self._wandb.log({rename(k): v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
                             step=record.get(STEP))
 
-    def log_predictions(self, step: int, predictions: list[dict]) -> None:
+    def log_predictions(self, step: int, predictions: list[dict], dataset: str = "hotpotqa") -> None:
         """An evaluation's predictions as a wandb Table (one row per question, the whole response included),
         beside the metrics of that step; the jsonl under predictions/ stays the record."""
         if self._wandb is None:
@@ -183,7 +197,8 @@ class MetricsWriter:
             table.add_data(step, p["id"], p["question"], " | ".join(p["answers"]), p.get("prediction"),
                            float(p["em"]), float(p["f1"]), int(p["searches"]), int(p.get("turns", 0)),
                            p.get("stop_reason", ""), p.get("response", ""))
-        self._wandb.log({"eval/predictions": table}, step=step)
+        key = "eval/predictions" if dataset == "hotpotqa" else f"eval/{dataset}/predictions"
+        self._wandb.log({key: table}, step=step)
 
     def close(self) -> None:
         self._file.close()

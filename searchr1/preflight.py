@@ -53,11 +53,12 @@ def _paths(cfg: Config) -> None:
 
 
 def _data_limits(cfg: Config) -> None:
-    from searchr1.data import DataError, load_splits
+    from searchr1.data import DataError
+    from searchr1.datasets import load_all
     from searchr1.rundir import REPO_ROOT
 
     try:
-        splits = load_splits(cfg.data, REPO_ROOT)
+        splits = load_all(cfg.data, REPO_ROOT)  # every evaluation set too: malformed or overlapping, it fails here
     except DataError as e:
         raise ConfigError(str(e)) from e
     pool = len(splits.train)

@@ -32,6 +32,12 @@ REWARDS = {
     "em": "searchr1.reward:em_reward",  # exact match of the final answer (Search-R1), plus an optional format score
     "f1": "searchr1.reward:f1_reward",  # token F1 of the final answer: a denser signal for small models
 }
+DATASETS = {  # held-out evaluation sets (data.eval_sets); hotpotqa is the training set's own (searchr1/data.py)
+    "hotpotqa": "searchr1.datasets.sets:HOTPOTQA",  # distractor dev, 200 of RPT's test500
+    "2wiki": "searchr1.datasets.sets:TWOWIKI",  # 2WikiMultihopQA dev, the 164 with their own 10 paragraphs
+    "musique": "searchr1.datasets.sets:MUSIQUE",  # MuSiQue-Ans dev, 200 of 382 with their own 20 paragraphs
+    "nq": "searchr1.datasets.sets:NQ",  # NQ-open dev, 200 of 2,655, searched among all 2,655 gold passages
+}
 PROMPTS = ("search_r1", "search_r1_example")  # searchr1/agent.py: the paper's instruction, or plus a worked example
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: bf16 where the device computes it fast (searchr1/placement.py)
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}  # the short spellings, stored under the full names

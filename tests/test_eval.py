@@ -88,3 +88,35 @@ def test_main_writes_predictions_and_summary(tmp_path):
     assert json.loads((tmp_path / "eval_summary.json").read_text())["em"] == summary["em"]
 
     assert "held-out EM" in (tmp_path / "progress.log").read_text()
+
+
+def test_evaluate_scores_by_the_set_s_own_metrics(tok):
+    """Another set's questions are scored by its official EM and F1 (here NQ's SQuAD 1.1 F1, which has no
+    yes/no rule), not HotpotQA's."""
+    from searchr1.datasets.scoring import EM, squad1_f1
+
+    qs = [Q("1", "Is it?", ("yes",)), Q("2", "Who?", ("Raymond Unwin", "Barry Parker"))]
+    table = {"Is it?": "<answer> yes it is </answer>", "Who?": "<answer> Barry Parker </answer>"}
+    args = (AnswerEngine(tok, table), qs, lambda q: ["x"] * len(q), AgentConfig(), SamplingConfig(),
+            make_score("em", 0.0))
+    hotpot, _ = evaluate(*args, batch_size=2)
+    nq, summary = evaluate(*args, batch_size=2, scorer=(EM, squad1_f1))
+    assert [p["f1"] for p in hotpot] == [0.0, 1.0] and [p["em"] for p in hotpot] == [0.0, 1.0]
+    assert [p["f1"] for p in nq] == [0.5, 1.0] and summary["f1_pct"] == 75.0
+
+
+def test_main_evaluates_every_set_of_data_eval_sets(tmp_path):
+    """mode=eval with data.eval_sets: each other set gets its own prediction file and summary."""
+    cfg = Config(mode="eval", model=ModelConfig(name="tiny", source="tiny"),
+                 data=DataConfig(eval_size=2, eval_sets=["hotpotqa", "2wiki", "nq"]),
+                 agent=AgentConfig(max_new_tokens=6, max_searches=1, max_context_tokens=1024))
+    summary = main(cfg, tmp_path)
+    assert summary["n"] == 2 and list(summary["eval_sets"]) == ["2wiki", "nq"]
+    ids = {name: [json.loads(line)["id"] for line in (tmp_path / f"predictions_{name}.jsonl").read_text().splitlines()]
+           for name in ("2wiki", "nq")}
+    assert ids["nq"] == ["nq_2417", "nq_2548"]  # the first two of data/nq/heldout.ids
+    assert len(ids["2wiki"]) == 2 and all(s["n"] == 2 for s in summary["eval_sets"].values())
+    saved = json.loads((tmp_path / "eval_summary.json").read_text())
+    assert saved["eval_sets"]["nq"]["em"] == summary["eval_sets"]["nq"]["em"]
+    log = (tmp_path / "progress.log").read_text()
+    assert "2wiki held-out EM" in log and "nq held-out EM" in log

@@ -5,7 +5,8 @@ one task (a local process, or a one-GPU Slurm job), never on the submitting host
     python launch.py +experiment=search_r1_cpu mode=eval agent.max_searches=0   # the same prompt, no search
 
 Writes `predictions.jsonl` (one line per question) and `eval_summary.json` (counts, EM split by whether the
-agent searched) into the run folder.
+agent searched) into the run folder; each other set of `data.eval_sets` its own `predictions_<set>.jsonl` and
+its summary under `eval_sets` (searched in its own corpus, scored by its official metrics).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from searchr1 import checkpoint
 from searchr1.config import Config, ModelConfig
-from searchr1.data import load_splits
+from searchr1.datasets import load_all
 from searchr1.evaluation import write_predictions
 from searchr1.roles import setup_logging
 from searchr1.roles.worker import Worker
@@ -36,7 +37,7 @@ def main(cfg: Config, run_dir: Path) -> dict:
     setup_logging("evaluator")
     run_dir = Path(run_dir)
     model = model_to_evaluate(cfg)
-    splits = load_splits(cfg.data, REPO_ROOT)
+    splits = load_all(cfg.data, REPO_ROOT)
     device = "cuda" if cfg.cluster.gpus > 0 and torch.cuda.is_available() else "cpu"
     worker = Worker(cfg, splits, device, model=model)
     predictions, summary = worker.evaluate(
@@ -46,9 +47,18 @@ def main(cfg: Config, run_dir: Path) -> dict:
                "search": cfg.agent.search, "max_searches": cfg.agent.max_searches, "eval_file": cfg.data.eval_file,
                **summary}
     write_predictions(run_dir / "predictions.jsonl", predictions)
-    (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     progress(run_dir, f"held-out EM {summary['em']} ({summary['em_pct']}%), F1 {summary['f1_pct']}%, answered "
                       f"{summary['answered']}, searched {summary['searched']} (EM {summary['em_when_searched']} when "
                       f"searching, {summary['em_when_not_searched']} when not), "
                       f"{summary['searches_per_question']:.2f} searches/question")
+    if splits.eval_sets:
+        summary["eval_sets"] = {}
+    for name, s in splits.eval_sets.items():
+        preds, summary["eval_sets"][name] = worker.evaluate(
+            s.questions, lambda done, total: progress(run_dir, f"{name} eval: {done}/{total}"), dataset=name)
+        write_predictions(run_dir / f"predictions_{name}.jsonl", preds)
+        got = summary["eval_sets"][name]
+        progress(run_dir, f"{name} held-out EM {got['em']} ({got['em_pct']}%), F1 {got['f1_pct']}%, answered "
+                          f"{got['answered']}, searched {got['searched']}")
+    (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -20,7 +20,7 @@ import torch
 
 from searchr1 import curriculum, dist
 from searchr1.config import Config
-from searchr1.data import load_splits
+from searchr1.datasets import load_all
 from searchr1.liveness import Heartbeat, Liveness, post_failure
 from searchr1.protocol import DONE, Channel
 from searchr1.rundir import REPO_ROOT, progress
@@ -45,7 +45,9 @@ def prepare(cfg: Config, run_dir: Path) -> None:
     progress(run_dir, f"preparing the model ({cfg.model.name}), the {cfg.retriever.name} index and the codec kernel")
     models.model_dir(cfg.model)
     if cfg.agent.search:
-        load_or_build(load_splits(cfg.data, REPO_ROOT).corpus, cfg.retriever)
+        splits = load_all(cfg.data, REPO_ROOT)
+        for corpus in [splits.corpus] + [s.corpus for s in splits.eval_sets.values()]:
+            load_or_build(corpus, cfg.retriever)
     if cfg.sync.method == "delta":
         kernel.prepare()  # built here once (logged), never inside the first weight publication
 
@@ -70,7 +72,7 @@ def run_rank(cfg: Config, run_dir: Path) -> None:
                  ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads())
         channel = Channel(store, Liveness(store, c.heartbeat_timeout_s, topo.describe),
                           abort=(DONE,) if topo.role == "rollout" else ())
-        splits = stage_pools(load_splits(cfg.data, REPO_ROOT), cfg)
+        splits = stage_pools(load_all(cfg.data, REPO_ROOT), cfg)
         role = _trainer if topo.role == "trainer" else _rollout
         role(cfg, run_dir, topo, groups, channel, splits).run()
         heartbeat.stop()

@@ -108,5 +108,12 @@ class RolloutRole:
             progress(self.run_dir, f"held-out eval of version {version}: rank {topo.rank} {done}/{total}")
 
         preds, summary = self.worker.evaluate([heldout[i] for i in mine], report)
-        self.channel.put(EVAL, {"predictions": preds, "seconds": summary.get("seconds", {}).get("total_s", 0.0)},
-                         version=version, unit=topo.rollout_index)
+        sets = {}  # the other held-out sets (data.eval_sets), each this rank's share, in its own corpus
+        for name, s in self.worker.splits.eval_sets.items():
+            share = chunk(len(s.questions), topo.n_rollout, topo.rollout_index)
+            p, m = self.worker.evaluate([s.questions[i] for i in share], dataset=name, progress=lambda d, n, name=name:
+                                        progress(self.run_dir, f"{name} eval of version {version}: rank {topo.rank} "
+                                                               f"{d}/{n}"))
+            sets[name] = {"predictions": p, "seconds": m.get("seconds", {}).get("total_s", 0.0)}
+        self.channel.put(EVAL, {"predictions": preds, "seconds": summary.get("seconds", {}).get("total_s", 0.0),
+                                "sets": sets}, version=version, unit=topo.rollout_index)

@@ -228,13 +228,23 @@ class TrainerRole:
             rec = metrics.eval_record(v, preds, max(part["seconds"] for part in parts))
             self.writer.log(rec)
             self.writer.log_predictions(v, preds)
-            where = "held-out" if self.splits.eval_on == "heldout" else "dev"
-            msg = (f"{where} EM at version {v}: {rec[metrics.EVAL_EM_COUNT]}/{rec[metrics.EVAL_N]} "
-                   f"({100 * rec[metrics.EVAL_EM]:.1f}%), F1 {rec[metrics.EVAL_F1]:.3f}, searched "
-                   f"{rec['eval/n_searched']}/{rec[metrics.EVAL_N]}, {rec['eval/seconds_s']:.0f} s")
-            log.info(msg)
-            progress(self.run_dir, msg)
+            self._say(f"{'held-out' if self.splits.eval_on == 'heldout' else 'dev'} EM at version {v}", rec)
+            for name in self.splits.eval_sets:  # each other set: its own prediction file and metrics line
+                preds = [p for part in parts for p in part["sets"][name]["predictions"]]
+                (out / name).mkdir(exist_ok=True)
+                write_predictions(out / name / f"step_{v:06d}.jsonl", preds)
+                rec = metrics.eval_set_record(name, v, preds, max(part["sets"][name]["seconds"] for part in parts))
+                self.writer.log(rec)
+                self.writer.log_predictions(v, preds, name)
+                self._say(f"{name} held-out EM at version {v}", rec)
             self.pending.pop(0)
+
+    def _say(self, what: str, rec: dict) -> None:
+        msg = (f"{what}: {rec[metrics.EVAL_EM_COUNT]}/{rec[metrics.EVAL_N]} ({100 * rec[metrics.EVAL_EM]:.1f}%), F1 "
+               f"{rec[metrics.EVAL_F1]:.3f}, searched {rec['eval/n_searched']}/{rec[metrics.EVAL_N]}, "
+               f"{rec['eval/seconds_s']:.0f} s")
+        log.info(msg)
+        progress(self.run_dir, msg)
 
     def _progress(self, step: int, rec: dict, t_run: float, start: int, schedule: Schedule) -> None:
         done, total = step + 1, schedule.steps
@@ -254,6 +264,10 @@ class TrainerRole:
                     "heldout_ids": [q.qid for q in s.heldout],
                     "curriculum": {stage: {"questions": len(pool), "ids": [q.qid for q in pool]}
                                    for stage, pool in s.pools.items()}}
+        if s.eval_sets:
+            manifest["eval_sets"] = {name: {"heldout_questions": len(e.questions), "corpus_passages": len(e.corpus),
+                                            "heldout_ids": [q.qid for q in e.questions]}
+                                     for name, e in s.eval_sets.items()}
         (self.run_dir / "data.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
     def _finish(self) -> None:
@@ -264,17 +278,28 @@ class TrainerRole:
                    "compute_dtype": {"trainer": self.learner.compute_dtype_name,
                                      "engine": "+".join(sorted(self.engine_dtypes)) or None},
                    "evals": evals}
+        if self.splits.eval_sets:
+            summary["eval_sets"] = {name: metrics.set_records(self.run_dir / "metrics.jsonl", name)
+                                    for name in self.splits.eval_sets}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        if len(evals) >= 2:
-            first, last = evals[0], evals[-1]
-            where = "held-out" if self.splits.eval_on == "heldout" else "dev"
-            msg = (f"{where} EM before (step {first['step']}): {first[metrics.EVAL_EM_COUNT]}/{first[metrics.EVAL_N]}"
-                   f", after (step {last['step']}): {last[metrics.EVAL_EM_COUNT]}/{last[metrics.EVAL_N]}")
-            files = [self.run_dir / "predictions" / f"step_{e['step']:06d}.jsonl" for e in (first, last)]
-            if all(f.is_file() for f in files):  # the claim is a paired one: the same questions, before and after
-                r = stats.paired_predictions(*map(read_predictions, files))
-                msg += (f"; {r.only_b} questions gained, {r.only_a} lost, exact McNemar p = {r.p_value:.2g} "
-                        f"(python -m searchr1.stats {files[0]} {files[1]})")
-            log.info(msg)
-            progress(self.run_dir, msg)
+        where = "held-out" if self.splits.eval_on == "heldout" else "dev"
+        self._paired(where, evals, self.run_dir / "predictions")
+        for name in self.splits.eval_sets:
+            self._paired(f"{name} held-out", metrics.set_records(self.run_dir / "metrics.jsonl", name),
+                         self.run_dir / "predictions" / name)
         log.info("run folder: %s", self.run_dir)
+
+    def _paired(self, where: str, evals: list[dict], folder: Path) -> None:
+        """The run's first evaluation against its last, on the console: counts, and the paired exact test."""
+        if len(evals) < 2:
+            return
+        first, last = evals[0], evals[-1]
+        msg = (f"{where} EM before (step {first['step']}): {first[metrics.EVAL_EM_COUNT]}/{first[metrics.EVAL_N]}"
+               f", after (step {last['step']}): {last[metrics.EVAL_EM_COUNT]}/{last[metrics.EVAL_N]}")
+        files = [folder / f"step_{e['step']:06d}.jsonl" for e in (first, last)]
+        if all(f.is_file() for f in files):  # the claim is a paired one: the same questions, before and after
+            r = stats.paired_predictions(*map(read_predictions, files))
+            msg += (f"; {r.only_b} questions gained, {r.only_a} lost, exact McNemar p = {r.p_value:.2g} "
+                    f"(python -m searchr1.stats {files[0]} {files[1]})")
+        log.info(msg)
+        progress(self.run_dir, msg)

@@ -40,6 +40,10 @@ class Worker:
         self.compute_dtype = str(self.engine.compute_dtype).removeprefix("torch.")
         self.retrieve = make_retrieve(self.index, self.engine.tokenizer, cfg.retriever) if self.index else None
         self.score = make_score(cfg.reward.name, cfg.reward.format_score, cfg.reward.scale)
+        # every other evaluation set is searched in its own corpus (searchr1/datasets), indexed once here
+        self.set_retrieve = {name: make_retrieve(load_or_build(s.corpus, cfg.retriever), self.engine.tokenizer,
+                                                 cfg.retriever) if cfg.agent.search else None
+                             for name, s in splits.eval_sets.items()}
         log.info("rollout worker ready: index of %d passages in %.1fs, %s engine in %.1fs",
                  len(splits.corpus), t1 - t0, cfg.engine.name, time.perf_counter() - t1)
 
@@ -58,9 +62,15 @@ class Worker:
         return run_episodes(self.engine, questions, self.cfg.algo.group_size, self.retrieve, self.cfg.agent,
                             sampling, self.score, version, group_offset=unit.group_offset)
 
-    def evaluate(self, questions: list[Question], progress: Callable[[int, int], None] = lambda d, t: None):
-        return evaluate(self.engine, questions, self.retrieve, self.cfg.agent, self.cfg.sampling, self.score,
-                        self.cfg.engine.eval_batch_size, progress)
+    def evaluate(self, questions: list[Question], progress: Callable[[int, int], None] = lambda d, t: None,
+                 dataset: str = "hotpotqa"):
+        """Greedy episodes over `questions` of `dataset`: searched in that set's corpus, scored by its metrics."""
+        if dataset == "hotpotqa":
+            return evaluate(self.engine, questions, self.retrieve, self.cfg.agent, self.cfg.sampling, self.score,
+                            self.cfg.engine.eval_batch_size, progress)
+        s = self.splits.eval_sets[dataset]
+        return evaluate(self.engine, questions, self.set_retrieve[dataset], self.cfg.agent, self.cfg.sampling,
+                        self.score, self.cfg.engine.eval_batch_size, progress, scorer=(s.em, s.f1))
 
     def weight_views(self) -> dict[str, torch.Tensor]:
         return self.engine.weight_views()

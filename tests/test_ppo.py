@@ -11,6 +11,7 @@ from searchr1 import checkpoint
 from searchr1.algos.ppo import gae, value_loss
 from searchr1.batching import collate
 from searchr1.config import AlgoConfig
+from searchr1.metrics import read_metrics
 
 # ---------------------------------------------------------------- GAE, by hand
 
@@ -157,3 +158,19 @@ def test_ppo_keys_are_checked():
                      ("critic", "big"), ("critic_lr", 0.0)):
         with pytest.raises(ValueError, match=f"algo.{key}"):
             AlgoConfig(name="ppo", **{key: bad})
+
+
+def test_a_ppo_run_continues_from_the_warm_starts_last_checkpoint(tmp_path):
+    """End to end (smoke): a warm start's checkpoint has no critic; a PPO run resumed from it begins RL with a
+    fresh one, as the uninterrupted run does (it failed naming the missing critic.pt before the trainer built
+    the warm start's learner to load it), and its RL steps report the critic's metrics."""
+    from tests.test_loop import launch, train_steps
+
+    common = ("algo=ppo", "warm_start.steps=2", "warm_start.questions_per_step=2", "checkpoint_every=2")
+    r, warm = launch(tmp_path / "a", *common, "steps=0")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r, run = launch(tmp_path / "b", *common, "steps=2", f"resume={warm}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert train_steps(run) == [3, 4]
+    rl = [x for x in read_metrics(run / "metrics.jsonl") if x.get("train/updates")]
+    assert [x["train/updates"] for x in rl] == [4.0, 4.0] and all("train/vf_loss" in x for x in rl)

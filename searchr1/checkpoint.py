@@ -6,6 +6,8 @@
         trainer.pt        the learner's state (optimizer, scheduler, step, RNG) and `extra` (the step, the weights
                           version, a schedule's in-flight state)
         reference.pt      the KL reference's weights, when it is not the base model (RL after a warm start)
+        critic.pt         the algorithm's own trainable state (PPO's value head), when it has one; never in model/,
+                          which holds the policy only (what evaluation and the rollouts load)
         manifest.json     every other file's size and sha256, so a checkpoint proves itself
       latest              the name of the newest complete checkpoint; moved only once that one is complete
       damaged-step_000012/  a checkpoint whose files no longer match its manifest: kept aside, never deleted
@@ -30,6 +32,7 @@ STATE_FILE = "trainer.pt"
 MODEL_DIR = "model"
 MANIFEST = "manifest.json"
 REFERENCE_FILE = "reference.pt"
+CRITIC_FILE = "critic.pt"
 POINTER = "latest"
 DAMAGED = "damaged-"  # prefix of a checkpoint folder moved aside (not matched by step_*, so never rotated away)
 
@@ -113,6 +116,8 @@ def save(run_dir: Path, step: int, learner, extra: dict, keep: int) -> Path:
             if getattr(learner, "ref", None) is not None and learner.ref_step > 0:  # a reference no model file holds
                 torch.save({"step": learner.ref_step, "weights": learner.ref.policy.state_dict()},
                            tmp / REFERENCE_FILE)
+            if learner.critic is not None:
+                torch.save(learner.critic.state_dict(), tmp / CRITIC_FILE)
             _seal(tmp)
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             if path.exists():
@@ -182,6 +187,10 @@ def load(path: Path, learner) -> dict:
     state_file, model_dir = path / STATE_FILE, path / MODEL_DIR
     if not state_file.is_file() or not model_dir.is_dir():
         raise FileNotFoundError(f"{path}: not a trainer checkpoint (needs {STATE_FILE} and {MODEL_DIR}/)")
+    critic_file = path / CRITIC_FILE
+    if learner.critic is not None and not critic_file.is_file():
+        raise FileNotFoundError(f"{path}: no {CRITIC_FILE}, which algo.name={learner.algo.cfg.name!r} needs (a "
+                                "checkpoint of an objective without a critic cannot continue as one with a critic)")
     # weights_only=False: the file holds numpy and python RNG states, and it is one this module wrote.
     sd = _torch_load(state_file, learner.device)
     learner.load_state_dict(sd, _read_safetensors(model_dir, learner.module, learner.device))
@@ -190,6 +199,8 @@ def load(path: Path, learner) -> dict:
         ref = _torch_load(ref_file, learner.device)
         learner.ref.policy.load_state_dict(ref["weights"])
         learner.ref_step = int(ref["step"])
+    if learner.critic is not None:  # every replica loads the same file: the critics stay equal, as the policies do
+        learner.critic.load_state_dict(_torch_load(critic_file, learner.device))
     return sd.get("extra", {})
 
 

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from searchr1 import registry
+from searchr1.algos.schema import UpdateKeys
 from searchr1.checks import (ConfigError, _check, _compute_dtype, _finite, _one_folder_name, _one_of, _positive,
                              refuse_non_finite)
 from searchr1.cluster.config import ClusterConfig, ElasticConfig, SlurmConfig  # noqa: F401 (part of the schema)
@@ -165,8 +166,9 @@ class RewardConfig:
 
 
 @dataclass
-class AlgoConfig:
-    """The training objective, chosen by `name`; optimizer and trainer mechanics are their own groups."""
+class AlgoConfig(UpdateKeys):
+    """The training objective, chosen by `name`; optimizer and trainer mechanics are their own groups. The keys of
+    several updates per batch and of PPO's critic are UpdateKeys' (searchr1/algos/schema.py)."""
 
     name: str = "grpo"
     group_size: int = 5
@@ -181,7 +183,8 @@ class AlgoConfig:
     # ratio: PPO's ratio against the behaviour policy (the seed's, exact when on-policy). decoupled: AReaL's
     # objective for data some versions old (searchr1/grpo.py decoupled_policy_loss); with one optimizer step per
     # batch its clip cannot act (ratio 1) and it is a policy gradient with the importance weight clamped at is_cap;
-    # also corrects the engine/trainer numerics mismatch on-policy.
+    # with several (ppo_epochs x minibatches > 1) it is AReaL's: tokens weighted above is_cap are dropped. It also
+    # corrects the engine/trainer numerics mismatch on-policy.
     off_policy: str = "ratio"
     is_cap: float = 2.0
 
@@ -196,6 +199,7 @@ class AlgoConfig:
         _one_of("algo.loss_agg", self.loss_agg, {"token_mean", "seq_mean"})
         _positive(self, "algo", "kl_coef", "entropy_coef", strict=False)
         _one_of("algo.kl_estimator", self.kl_estimator, {"k1", "k2", "k3"})
+        self._check_updates()
 
 
 @dataclass
@@ -339,7 +343,7 @@ class Config:
         # The temperature contract (searchr1/engines/base.py): behaviour log-probs are those of the tempered,
         # untruncated distribution, and the trainer recomputes exactly that; top-p would make every PPO ratio
         # silently off-policy, and temperature 0 leaves nothing to sample.
-        if self.mode == "train" and self.algo.name == "grpo":
+        if self.mode == "train" and self.algo.name != "sft":
             _check(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature,
                    "training samples: it must be > 0")
             _check(math.isclose(self.sampling.top_p, 1.0), "sampling.top_p", self.sampling.top_p,

@@ -73,6 +73,7 @@ def masked_aggregate(x_bt: torch.Tensor, mask_bt: torch.Tensor, agg: str, denom:
 def policy_loss(logp_bt: torch.Tensor, old_logp_bt: torch.Tensor, adv_b: torch.Tensor, mask_bt: torch.Tensor,
                 clip_eps: float, agg: str, denom: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate per token, max(-A r, -A clip(r, 1-eps, 1+eps)), aggregated over trained tokens.
+    `adv_b`: one advantage per row, or a `_bt` tensor of one per token (a critic's GAE).
 
     Stats are detached means over this call's trained tokens (the caller weights them by `tokens`):
     clip_frac (tokens where the clipped branch was taken, so the token gives no gradient) and approx_kl
@@ -81,13 +82,14 @@ def policy_loss(logp_bt: torch.Tensor, old_logp_bt: torch.Tensor, adv_b: torch.T
     if logp_bt.shape != old_logp_bt.shape or logp_bt.shape != mask_bt.shape:
         raise ValueError(f"logp_bt {tuple(logp_bt.shape)}, old_logp_bt {tuple(old_logp_bt.shape)} and mask_bt "
                          f"{tuple(mask_bt.shape)} must have the same shape")
-    if adv_b.shape != logp_bt.shape[:1]:
-        raise ValueError(f"adv_b {tuple(adv_b.shape)} must have one value per row of logp_bt {tuple(logp_bt.shape)}")
+    if adv_b.shape not in (logp_bt.shape[:1], logp_bt.shape):
+        raise ValueError(f"adv_b {tuple(adv_b.shape)} must have one value per row of logp_bt {tuple(logp_bt.shape)} "
+                         "or one per token")
     on_bt = mask_bt.bool()
     # Untrained positions get log-ratio 0: their (arbitrary) old log-probs then cannot overflow exp().
     log_ratio_bt = torch.where(on_bt, logp_bt - old_logp_bt, torch.zeros_like(logp_bt))
     ratio_bt = torch.exp(log_ratio_bt)
-    adv_bt = adv_b.to(logp_bt.dtype).unsqueeze(-1)
+    adv_bt = _per_token(adv_b, logp_bt)
     loss_plain_bt = -adv_bt * ratio_bt
     loss_clip_bt = -adv_bt * torch.clamp(ratio_bt, 1.0 - clip_eps, 1.0 + clip_eps)
     loss_bt = torch.maximum(loss_plain_bt, loss_clip_bt)
@@ -128,7 +130,7 @@ def decoupled_policy_loss(logp_bt: torch.Tensor, old_logp_bt: torch.Tensor, adv_
     w_bt = torch.exp(log_w_bt.clamp(max=_MAX_LOG_RATIO))
     wc_bt = torch.where(w_bt > is_cap, torch.zeros_like(w_bt), w_bt) if several else w_bt.clamp(max=is_cap)
     ratio_bt = torch.exp(torch.where(on_bt, logp_bt - prox_bt, torch.zeros_like(logp_bt)))
-    adv_bt = adv_b.to(logp_bt.dtype).unsqueeze(-1)
+    adv_bt = _per_token(adv_b, logp_bt)
     loss_plain_bt = -adv_bt * ratio_bt
     loss_clip_bt = -adv_bt * torch.clamp(ratio_bt, 1.0 - clip_eps, 1.0 + clip_eps)
     loss = masked_aggregate(torch.maximum(loss_plain_bt, loss_clip_bt) * wc_bt, mask_bt, agg, denom)
@@ -138,6 +140,13 @@ def decoupled_policy_loss(logp_bt: torch.Tensor, old_logp_bt: torch.Tensor, adv_
                  "approx_kl": kl_penalty(old_logp_bt, logp_bt, mask_bt, "k3").sum() / n, "tokens": on_bt.sum(),
                  **importance_stats(w_bt, on_bt, is_cap)}
     return loss, stats
+
+
+def _per_token(adv: torch.Tensor, logp_bt: torch.Tensor) -> torch.Tensor:
+    """Advantages as a `_bt` tensor: one per trajectory (GRPO's `_b`) broadcast over its tokens, or one per token
+    (a critic's, PPO) as given."""
+    adv = adv.to(logp_bt.dtype)
+    return adv.unsqueeze(-1) if adv.dim() == 1 else adv
 
 
 def importance_stats(w_bt: torch.Tensor, on_bt: torch.Tensor, cap: float) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from searchr1 import grpo, placement
+from searchr1.batching import collate, minibatches, pack_micro_batches, shard_indices  # noqa: F401 (re-exported)
 from searchr1.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
 from searchr1.models import load_model
 from searchr1.registry import ALGORITHMS, resolve
@@ -28,55 +29,12 @@ from searchr1.trajectory import Trajectory
 log = logging.getLogger(__name__)
 
 
-def shard_indices(lengths: list[int], world: int, rank: int) -> list[int]:
-    """This rank's rows: longest first, dealt in a snake order (0,1,..,w-1,w-1,..,0) so that every replica
-    gets a similar number of tokens. Deterministic, so every rank computes every rank's shard."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [i for k, i in enumerate(order) if (k % world if (k // world) % 2 == 0 else world - 1 - k % world) == rank]
-
-
-def pack_micro_batches(lengths: list[int], budget_tokens: int) -> list[list[int]]:
-    """Rows grouped so that rows x longest row (the padded size) stays within the budget; longest first, so
-    neighbours have similar lengths. A row longer than the budget on its own still gets its own micro-batch."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
-def collate(trajs: list[Trajectory], adv_b: torch.Tensor, pad_id: int, device) -> dict:
-    """Right-padded inputs plus per-position targets, mask and behaviour log-probs.
-
-    Position t of the `_bt` tensors holds the prediction of token start+1+t, where start is the last prompt
-    token of the shortest prompt (`start`). No attention mask: with right padding every key a real token may
-    attend to under the causal mask is real, so the causal mask alone is exact for every real position, and
-    it lets SDPA skip the masked half of the work (a padding mask turns that skipping off; 8% of a CPU
-    warm-start step). What the padded positions compute is never read.
-    """
-    lens = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-    L, start = max(lens), min(len(t.prompt_ids) for t in trajs) - 1
-    ids_bt = torch.full((len(trajs), L), pad_id, dtype=torch.long)
-    mask_bt = torch.zeros((len(trajs), L - 1 - start))
-    old_bt = torch.zeros((len(trajs), L - 1 - start))
-    for i, t in enumerate(trajs):
-        ids_bt[i, :lens[i]] = torch.tensor(t.prompt_ids + t.response_ids)
-        off = len(t.prompt_ids) - 1 - start
-        mask_bt[i, off:off + len(t.response_ids)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        old_bt[i, off:off + len(t.response_ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
-    return {"ids_bt": ids_bt.to(device), "target_bt": ids_bt[:, start + 1:].to(device),
-            "mask_bt": mask_bt.to(device), "old_bt": old_bt.to(device), "adv_b": adv_b.to(device),
-            "start": start}
-
-
 class TrainedLogits(torch.nn.Module):
     """A causal LM's logits at the given (row, position) pairs only: the decoder on every token, the output
     layer on the trained positions. In a Search-R1 batch most positions are prompt or information tokens,
     whose [tokens, vocab] logits the loss never reads; computing them was 15% of a CPU warm-start step.
-    DDP wraps this module, so the replicas' gradients are reduced as for the model itself."""
+    DDP wraps this module, so the replicas' gradients are reduced as for the model itself, an algorithm's
+    critic (attached as `critic`, on the same hidden states) included: it then returns (logits, values)."""
 
     def __init__(self, policy: torch.nn.Module):
         super().__init__()
@@ -88,7 +46,10 @@ class TrainedLogits(torch.nn.Module):
 
     def forward(self, ids_bt: torch.Tensor, rows_n: torch.Tensor, cols_n: torch.Tensor) -> torch.Tensor:
         h_btd = self.policy.get_decoder()(input_ids=ids_bt, use_cache=False).last_hidden_state
-        return self.policy.get_output_embeddings()(h_btd[rows_n, cols_n])
+        h_nd = h_btd[rows_n, cols_n]
+        logits_nv = self.policy.get_output_embeddings()(h_nd)
+        critic = getattr(self, "critic", None)
+        return logits_nv if critic is None else (logits_nv, critic(h_nd))
 
 
 class Learner:
@@ -123,10 +84,7 @@ class Learner:
         self.compute_dtype = None if dtype == torch.float32 else dtype
         self.compute_dtype_name = str(dtype).removeprefix("torch.")
         self.scorer = TrainedLogits(self.module)
-        self.ddp = None
-        if self.world > 1:
-            idx = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.scorer, process_group=group, device_ids=idx)
+        self.ddp = self.critic = None  # DDP wraps the scorer once the stage's critic (if any) is attached
         self.step_count = 0
         self.restart(algo, optim)
 
@@ -139,19 +97,30 @@ class Learner:
         # them while the reference loads took the CPU demo's four ranks past the machine's 24 GiB (rank 0 OOM-killed).
         self.optimizer = self.scheduler = self.ref = None
         gc.collect()
+        # DDP hooks the parameters that need gradients when it wraps the model: wrapped anew when they change
+        rewrap = self.ddp is None
         if train_top_layers is not None:
             before = [p.requires_grad for p in self.module.parameters()]
             if train_top_layers:
                 _freeze_below(self.module, train_top_layers)
             else:
                 self.module.requires_grad_(True)
-            if self.ddp is not None and before != [p.requires_grad for p in self.module.parameters()]:
-                # DDP hooks the parameters that need gradients when it wraps the model: wrap it anew
-                idx = [self.device.index] if self.device.type == "cuda" else None
-                self.ddp = None  # its buckets are freed before the new wrapper allocates its own
-                gc.collect()
-                self.ddp = DistributedDataParallel(self.scorer, process_group=self.group, device_ids=idx)
+            rewrap |= before != [p.requires_grad for p in self.module.parameters()]
         self.algo = resolve(ALGORITHMS, algo.name, "algo.name")(algo)
+        # the algorithm's own trainable state (PPO's critic): fresh at each stage, like the optimizer
+        critic = self.algo.build_critic(self.module)
+        if critic is not None or self.critic is not None:
+            rewrap = True
+            if self.critic is not None:
+                del self.scorer.critic
+            if critic is not None:
+                self.scorer.critic = critic.to(self.device).train()
+        self.critic = self.scorer.critic if critic is not None else None
+        if self.world > 1 and rewrap:
+            idx = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = None  # its buckets are freed before the new wrapper allocates its own
+            gc.collect()
+            self.ddp = DistributedDataParallel(self.scorer, process_group=self.group, device_ids=idx)
         # sampled data is scored at its sampling temperature; supervised targets at the model's own (1)
         self.t = self.temperature if self.algo.sampled else 1.0
         self.ref = None
@@ -162,7 +131,10 @@ class Learner:
             ref, _ = load_model(self.model_cfg, dtype=self.compute_dtype or torch.float32)
             ref.load_state_dict(self.module.state_dict())
             self.ref = TrainedLogits(ref.to(self.device).eval().requires_grad_(False))
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+        params = self.module.parameters()
+        if self.critic is not None:  # its own learning rate, under the same schedule
+            params = [{"params": list(params)}, {"params": list(self.critic.parameters()), "lr": algo.critic_lr}]
+        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
         self.grad_clip, warmup = optim.grad_clip, optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -189,7 +161,11 @@ class Learner:
                 raise ValueError(f"trajectory {t.qid}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab})")
 
     def _logprobs(self, net, mb: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs at the trained positions, scattered into a zero `_bt` tensor; those positions' logits).
+        return self._score(net, mb)[:2]
+
+    def _score(self, net, mb: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(log-probs at the trained positions, scattered into a zero `_bt` tensor; those positions' logits;
+        the critic's values there, scattered likewise, or None without a critic).
 
         Only trained positions reach the float32 log-softmax: information blocks and padding can be most of a
         Search-R1 response, and the [tokens, vocab] float32 tensors are the trainer's largest activations.
@@ -197,9 +173,13 @@ class Learner:
         on_bt = mb["mask_bt"].bool()
         rows_n, cols_n = on_bt.nonzero(as_tuple=True)  # row-major: the order of on_bt's True entries
         with self._autocast():
-            logits_nv = net(mb["ids_bt"], rows_n, cols_n + mb["start"])
+            out = net(mb["ids_bt"], rows_n, cols_n + mb["start"])
+        logits_nv, values_n = out if isinstance(out, tuple) else (out, None)
         logp_n = grpo.token_logprobs(logits_nv[None], mb["target_bt"][on_bt][None], self.t)[0]
-        return torch.zeros(on_bt.shape, device=self.device).masked_scatter(on_bt, logp_n), logits_nv
+        values_bt = None
+        if values_n is not None:
+            values_bt = torch.zeros(on_bt.shape, device=self.device).masked_scatter(on_bt, values_n.float())
+        return torch.zeros(on_bt.shape, device=self.device).masked_scatter(on_bt, logp_n), logits_nv, values_bt
 
     def _entropy_sum(self, logits_nv: torch.Tensor) -> torch.Tensor:
         """Summed entropy of the trained positions, chunked: a full softmax copy of the logits is not needed."""
@@ -209,7 +189,9 @@ class Learner:
 
     def _micro_step(self, mb: dict, denom: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward + backward of one micro-batch; returns its SUMS and MAXES (the algorithm's order)."""
-        logp_bt, logits_nv = self._logprobs(self.ddp or self.scorer, mb)
+        logp_bt, logits_nv, values_bt = self._score(self.ddp or self.scorer, mb)
+        if values_bt is not None:
+            mb["values_bt"] = values_bt  # the critic's, with their graph
         ref_logp_bt = None
         if self.ref is not None:
             with torch.no_grad():
@@ -223,57 +205,136 @@ class Learner:
                 torch.stack(maxes) if maxes else torch.zeros(0, device=self.device))
 
     def step(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step on the step's full list of trajectories (identical on every trainer rank);
-        returns `train/`-namespaced metrics."""
+        """One batch: the step's full list of trajectories (identical on every trainer rank), `algo.ppo_epochs`
+        passes over it of `algo.minibatches` optimizer steps each; returns `train/`-namespaced metrics."""
         self._check(trajs)
         coef_b, algo_m = self.algo.coefficients(trajs)
-        agg = self.algo.cfg.loss_agg
+        cfg = self.algo.cfg
         mask_rows = [torch.tensor(t.loss_mask, dtype=torch.float32).reshape(1, -1) for t in trajs]
-        denom = sum(grpo.loss_denominator(m, agg) for m in mask_rows)
+        den_i = [grpo.loss_denominator(m, cfg.loss_agg) for m in mask_rows]
+        denom = sum(den_i)
         train = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and self.algo.trains(coef_b[i])]
         seq_len = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-        mine = [train[k] for k in shard_indices([seq_len[i] for i in train], self.world, self.rank)]
-        batches = pack_micro_batches([seq_len[i] for i in mine], self.cfg.micro_batch_tokens)
+        shards = [[train[k] for k in shard_indices([seq_len[i] for i in train], self.world, r)]
+                  for r in range(self.world)]
+        epochs, parts = cfg.ppo_epochs, cfg.minibatches
+        prep: dict[int, dict[str, torch.Tensor]] = {}
+        if self.critic is not None or (epochs * parts > 1 and self.algo.needs_proximal):
+            prep = self._before_updates(trajs, shards[self.rank], coef_b, seq_len, algo_m)
         sums = torch.zeros(len(self.algo.SUMS), device=self.device)
         maxes = torch.zeros(len(self.algo.MAXES), device=self.device)
-        for j, rows in enumerate(batches):
-            idx = [mine[r] for r in rows]
+        norms: list[float] = []
+        lr = self.optimizer.param_groups[0]["lr"]
+        d_train = sum(den_i[i] for i in train)
+        for epoch in range(epochs):
+            chunks = [minibatches(shard, parts, (self.step_count, epoch, r)) for r, shard in enumerate(shards)]
+            for k in range(parts):
+                # each minibatch's denominator: its rows' share of the batch's (untrained rows pro rata), so the
+                # minibatches of one pass add up to the batch's loss
+                den_k = denom if parts == 1 else denom * sum(den_i[i] for c in chunks for i in c[k]) / max(d_train, 1)
+                s, m = self._accumulate(trajs, chunks[self.rank][k], coef_b, prep, seq_len, den_k,
+                                        any(c[k] for c in chunks))
+                sums += s
+                maxes = torch.maximum(maxes, m)
+                norms.append(self._update(trajs, algo_m))
+        if epochs > 1:
+            sums /= epochs  # the statistics of one pass over the batch
+        if self.group is not None and self.world > 1:
+            dist.all_reduce(sums, group=self.group)
+            if maxes.numel():
+                dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=self.group)
+        self.scheduler.step()
+        self.step_count += 1
+        stats = {**dict(zip(self.algo.SUMS, sums.tolist())), **dict(zip(self.algo.MAXES, maxes.tolist()))}
+        out = {"step": float(self.step_count), **self.algo.summarize(stats),
+               "grad_norm": sum(norms) / len(norms), **algo_m,
+               "tokens_generated": float(sum(t.generated_tokens for t in trajs)), "lr": lr}
+        if len(norms) > 1:
+            out.update(updates=float(len(norms)), grad_norm_max=max(norms))
+        return {f"train/{k}": v for k, v in out.items()}
+
+    def _before_updates(self, trajs, mine: list[int], coef_b, seq_len, algo_m: dict) -> dict[int, dict]:
+        """Per row of this rank's shard, over its trained tokens in order: the policy's log-probs before the
+        batch's first update (`prox`, the decoupled objective's proximal policy), and with a critic its values
+        (`old_values`) and the algorithm's per-token advantages and returns (`adv`, `ret`)."""
+        prep: dict[int, dict[str, torch.Tensor]] = {}
+        with torch.no_grad():
+            for rows in pack_micro_batches([seq_len[i] for i in mine], self.cfg.micro_batch_tokens):
+                idx = [mine[r] for r in rows]
+                mb = collate([trajs[i] for i in idx], coef_b[idx], self.pad_id, self.device)
+                logp_bt, _, values_bt = self._score(self.scorer, mb)
+                on_bt = mb["mask_bt"].bool()
+                for j, i in enumerate(idx):
+                    prep[i] = {"prox": logp_bt[j][on_bt[j]]}
+                    if values_bt is not None:
+                        prep[i]["old_values"] = values_bt[j][on_bt[j]]
+        if self.critic is not None:
+            order = sorted(prep)
+            adv_n, ret_n, m = self.algo.token_coefficients([prep[i]["old_values"] for i in order],
+                                                           coef_b[order].to(self.device), self._sum_replicas)
+            for i, a, r in zip(order, adv_n, ret_n):
+                prep[i].update(adv=a, ret=r)
+            algo_m.update(m)
+        return prep
+
+    def _sum_replicas(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` summed over the trainer replicas (an algorithm's batch-wide statistics; every replica calls it)."""
+        if self.group is not None and self.world > 1:
+            x = x.clone()
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def _accumulate(self, trajs, rows: list[int], coef_b, prep: dict, seq_len, denom: float,
+                    anyone: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of this rank's `rows` of one minibatch, in micro-batches; their summed SUMS and
+        maxed MAXES. `anyone`: some replica has rows in it (an idle one then joins the gradient all-reduce)."""
+        sums = torch.zeros(len(self.algo.SUMS), device=self.device)
+        maxes = torch.zeros(len(self.algo.MAXES), device=self.device)
+        batches = pack_micro_batches([seq_len[i] for i in rows], self.cfg.micro_batch_tokens)
+        for j, b in enumerate(batches):
+            idx = [rows[r] for r in b]
             mb = collate([trajs[i] for i in idx], coef_b[idx], self.pad_id, self.device)
+            on_bt = mb["mask_bt"].bool()
+            for key in prep[idx[0]] if prep else ():
+                mb[f"{key}_bt"] = torch.zeros(on_bt.shape, device=self.device).masked_scatter(
+                    on_bt, torch.cat([prep[i][key] for i in idx]))
             last = j == len(batches) - 1
             with self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext():
                 s, m = self._micro_step(mb, denom)
             sums += s
             maxes = torch.maximum(maxes, m)
-        if not batches and train and self.ddp is not None:
+        if not batches and anyone and self.ddp is not None:
             self._idle_backward()  # the other replicas' gradient all-reduce needs this rank too
-        for p in self.module.parameters():
+        return sums, maxes
+
+    def _update(self, trajs: list[Trajectory], algo_m: dict) -> float:
+        """One optimizer step on the accumulated gradients; the policy's gradient norm before clipping (the
+        critic is clipped on its own, so its loss's scale cannot shrink the policy's step)."""
+        for p in self._trained():
             if p.grad is None and p.requires_grad:  # nothing trainable: a zero gradient, as the full batch gives
                 p.grad = torch.zeros_like(p)
-        if self.group is not None and self.world > 1:
-            dist.all_reduce(sums, group=self.group)
-            if maxes.numel():
-                dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=self.group)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip))
         if not np.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm {grad_norm} at step {self.step_count + 1}; "
                                      f"rewards {[t.reward for t in trajs][:8]}...")
-        lr = self.optimizer.param_groups[0]["lr"]
+        if self.critic is not None:
+            algo_m["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(),
+                                                                              self.grad_clip))
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step_count += 1
-        stats = {**dict(zip(self.algo.SUMS, sums.tolist())), **dict(zip(self.algo.MAXES, maxes.tolist()))}
-        out = {"step": float(self.step_count), **self.algo.summarize(stats),
-               "grad_norm": grad_norm, **algo_m, "tokens_generated": float(sum(t.generated_tokens for t in trajs)),
-               "lr": lr}
-        return {f"train/{k}": v for k, v in out.items()}
+        return grad_norm
+
+    def _trained(self):
+        yield from self.module.parameters()
+        if self.critic is not None:
+            yield from self.critic.parameters()
 
     def _idle_backward(self) -> None:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         with self._autocast():
-            logits = self.ddp(ids, zero, zero)
-        (logits.float().sum() * 0.0).backward()
+            out = self.ddp(ids, zero, zero)
+        (sum(x.float().sum() for x in (out if isinstance(out, tuple) else (out,))) * 0.0).backward()
 
     def bf16_weights(self) -> dict[str, torch.Tensor]:
         """{HF name: contiguous bf16 copy} of the fp32 master, on the trainer's device. Tied tensors appear once,

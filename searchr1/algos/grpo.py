@@ -27,6 +27,11 @@ class GRPO:
     def __init__(self, cfg: AlgoConfig):
         self.cfg = cfg
         self.needs_reference = cfg.kl_coef > 0  # a frozen copy of the initial policy, for the KL term
+        # the decoupled objective's proximal policy, once a batch has several updates (ppo_epochs x minibatches)
+        self.needs_proximal = cfg.off_policy == "decoupled"
+
+    def build_critic(self, policy: torch.nn.Module) -> torch.nn.Module | None:
+        return None  # no trainable state beside the policy
 
     def coefficients(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, dict[str, float]]:
         """Group-relative advantages (float32, one per trajectory) and their statistics."""
@@ -52,11 +57,13 @@ class GRPO:
         `logits_nv` are the trained positions' logits (for the entropy bonus); `ref_logp_bt` the frozen
         reference's log-probs when `needs_reference`."""
         a, mask_bt = self.cfg, mb["mask_bt"]
+        adv = mb["adv_bt"] if "adv_bt" in mb else mb["adv_b"]  # per token (a critic's) or per trajectory
         if a.off_policy == "decoupled":
-            loss, st = grpo.decoupled_policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.is_cap,
-                                                  a.loss_agg, denom)
+            # prox_bt: the policy before this batch's first update, given when the batch has several
+            loss, st = grpo.decoupled_policy_loss(logp_bt, mb["old_bt"], adv, mask_bt, a.clip_eps, a.is_cap,
+                                                  a.loss_agg, denom, mb.get("prox_bt"))
         else:
-            loss, st = grpo.policy_loss(logp_bt, mb["old_bt"], mb["adv_b"], mask_bt, a.clip_eps, a.loss_agg, denom)
+            loss, st = grpo.policy_loss(logp_bt, mb["old_bt"], adv, mask_bt, a.clip_eps, a.loss_agg, denom)
             with torch.no_grad():  # the same weights, reported: how far behaviour and trainer disagree
                 on_bt = mask_bt.bool()
                 w_bt = torch.exp(torch.where(on_bt, logp_bt - mb["old_bt"], torch.zeros_like(logp_bt)).clamp(max=20))
@@ -80,8 +87,9 @@ class GRPO:
         n = max(sums["tokens"], 1)
         out = {"loss": sums["loss"], "clip_frac": sums["clip_tokens"] / n, "approx_kl": sums["approx_kl_tokens"] / n,
                "entropy": sums["entropy"] / n, "tokens_trained": sums["tokens"], "seqs_trained": sums["rows"],
-               # importance weights pi_trainer / pi_behav over trained tokens, untruncated (is/mean is the measured
-               # mismatch; is/truncated_frac the share above is_cap, which the decoupled objective clamps)
+               # importance weights over trained tokens as measured, untruncated: pi_trainer / pi_behav (ratio), or
+               # pi_prox / pi_behav (decoupled); is/mean is the measured mismatch, is/truncated_frac the share above
+               # is_cap, which the decoupled objective clamps (one update per batch) or drops (several)
                "is/mean": sums["is_sum"] / n, "is/max": sums["is_max"], "is/truncated_frac": sums["is_truncated"] / n,
                "is/ess": sums["is_sum"] ** 2 / (n * sums["is_sq_sum"]) if sums["is_sq_sum"] > 0 else 1.0}
         if self.needs_reference:

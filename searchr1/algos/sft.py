@@ -16,10 +16,14 @@ class SFT:
     SUMS = ("loss", "nll_tokens", "entropy", "tokens", "rows")
     MAXES = ()
     needs_reference = False
+    needs_proximal = False
     sampled = False  # scripted targets: the model's own distribution
 
     def __init__(self, cfg: AlgoConfig):
         self.cfg = cfg
+
+    def build_critic(self, policy: torch.nn.Module) -> None:
+        return None
 
     def coefficients(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, dict[str, float]]:
         return torch.ones(len(trajs)), {}

@@ -94,7 +94,9 @@ class TrainerRole:
         point = checkpoint.resume_point(self.run_dir, cfg.resume)
         start = int(checkpoint.read_extra(point)["step"]) if point else 0
         schedule = make_schedule(cfg, start)
-        self.learner = self.make_learner(*schedule.stage_configs(start))
+        # a checkpoint at the warm start's end holds that stage's state (its optimizer; no critic): the learner
+        # of that stage loads it, and the loop's restart begins RL as the uninterrupted run did
+        self.learner = self.make_learner(*schedule.stage_configs(start - 1 if start == schedule.warm > 0 else start))
         if point:
             checkpoint.load(point, self.learner)
             log.info("resumed from %s at step %d", point, start)

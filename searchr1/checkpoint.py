@@ -176,6 +176,12 @@ def _set_aside(run_dir: Path, path: Path, why: str) -> None:
                                                           "why": why}])
 
 
+def newest_before(run_dir: Path, step: int) -> Path | None:
+    """The newest checkpoint of a run folder saved before `step` (the last good one before a collapse), or None."""
+    found = [p for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir() and int(p.name[5:]) < step]
+    return max(found, key=lambda p: int(p.name[5:]), default=None)
+
+
 def resume_point(run_dir: Path, resume: str) -> Path | None:
     """Where a run continues from: its own newest checkpoint (a requeued job), else that of `resume`."""
     return latest(run_dir) or (latest(Path(resume)) if resume else None)

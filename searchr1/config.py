@@ -18,6 +18,7 @@ from searchr1.checks import (ConfigError, _check, _compute_dtype, _finite, _one_
                              refuse_non_finite)
 from searchr1.cluster.config import ClusterConfig, ElasticConfig, SlurmConfig  # noqa: F401 (part of the schema)
 from searchr1.curriculum import CurriculumConfig
+from searchr1.monitor_config import MonitorConfig
 from searchr1.retrieval.schema import BM25Config, RetrieverConfig  # noqa: F401 (part of the schema)
 
 
@@ -225,8 +226,17 @@ class TrainerConfig:
     # 0: train every parameter (the paper's recipe). N: only the last N decoder layers and the final norm; the
     # rest is frozen, so backward stops below them (a CPU budget: 15 of 30 layers trains 1.6x faster, measured)
     train_top_layers: int = 0
+    # a collapse flagged by the monitor (monitor.*): warn (flag it only) | stop (the job fails, naming the last
+    # good checkpoint) | rollback (every replica restores that checkpoint and goes on with lower learning rates)
+    on_collapse: str = "warn"
+    rollback_lr_factor: float = 0.5  # each rollback multiplies every learning rate by this
+    max_rollbacks: int = 2  # a collapse after this many rollbacks stops the job
 
     def __post_init__(self):
+        _one_of("trainer.on_collapse", self.on_collapse, {"warn", "stop", "rollback"})
+        _check(0 < self.rollback_lr_factor <= 1, "trainer.rollback_lr_factor", self.rollback_lr_factor,
+               "must be in (0, 1]")
+        _positive(self, "trainer", "max_rollbacks")
         _positive(self, "trainer", "micro_batch_tokens")
         _positive(self, "trainer", "train_top_layers", strict=False)
         _compute_dtype(self, "trainer.compute_dtype")
@@ -316,6 +326,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)

@@ -9,7 +9,8 @@ weights are published), optional `step` (0-based step, or the weights version fo
 (how often the rule may fire in one process; default 1), optional `once=PATH` (fire only if PATH does not
 exist, and create it: once across restarts of a process), and `do`: sleep:SECONDS (slow but alive: the
 heartbeat thread keeps beating), exit:CODE, kill (SIGKILL itself), stop (SIGSTOP itself: alive to the OS,
-silent to the job).
+silent to the job), lr:FACTOR (point=train: the learning rate multiplied from this step on, an injected collapse;
+give it to every trainer rank, or the replicas part).
 """
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ def _rules() -> list[dict[str, str]]:
     return rules
 
 
-def hit(point: str, who: int | str, step: int) -> None:
+def hit(point: str, who: int | str, step: int) -> float | None:
     """Act on every rule for this point, rank (or worker name) and step (a no-op when SEARCHR1_FAULTS is
-    unset)."""
+    unset); returns an lr:FACTOR rule's factor, for the caller to apply."""
     if ENV not in os.environ:
-        return
+        return None
+    factor = None
     for i, rule in enumerate(_rules()):
         if rule["point"] != point or rule["rank"] != str(who) or int(rule.get("step", step)) != step:
             continue
@@ -59,5 +61,8 @@ def hit(point: str, who: int | str, step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif action == "lr":
+            factor = float(arg)
         else:
             raise ValueError(f"{ENV} rule {i}: unknown action {rule['do']!r}")
+    return factor

@@ -140,6 +140,12 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
 
+    def scale_lr(self, factor: float) -> None:
+        """Every learning rate multiplied by `factor` from now on (the schedule's base rates with them)."""
+        for g in self.optimizer.param_groups:
+            g["lr"] *= factor
+        self.scheduler.base_lrs = [b * factor for b in self.scheduler.base_lrs]
+
     @property
     def model(self) -> torch.nn.Module:
         """The unwrapped policy (fp32 master weights)."""

@@ -46,6 +46,12 @@ LAG_MAX, LAG_MEAN, VERSION_OLDEST = "lag/max", "lag/mean", "version/oldest"
 EVAL_N, EVAL_EM_COUNT, EVAL_EM, EVAL_F1 = "eval/n", "eval/em_count", "eval/em", "eval/f1"
 EVAL_ANSWER_RATE, EVAL_SEARCHES, EVAL_SEARCHED_RATE = "eval/answer_rate", "eval/searches", "eval/searched_rate"
 LOSS, GRAD_NORM = "train/loss", "train/grad_norm"
+ENTROPY, KL_REF, IS_MEAN = "train/entropy", "train/kl_ref", "train/is/mean"
+# the collapse monitor (searchr1/monitor.py): its moving averages, the rules that flagged this step (FLAG + rule,
+# 1.0 each), their count, and COLLAPSE 1.0 once they have flagged monitor.patience steps running
+REWARD_MA, ANSWER_MA = "monitor/reward_ma", "monitor/answer_rate_ma"
+FLAG, FLAGS, COLLAPSE = "monitor/flag/", "monitor/flags", "monitor/collapse"
+ROLLBACK = "monitor/rollback"  # 1.0 on the step after which trainer.on_collapse=rollback restored a checkpoint
 SYNC_BYTES, SYNC_FULL_BYTES, SYNC_CHANGED_FRAC = "sync/bytes", "sync/full_bytes", "sync/changed_frac"
 STEP_S, USEFUL_FRACTION = "time/step_s", "useful_work_fraction"
 USEFUL = ("rollout", "train", "eval")  # phases that count as useful work; the rest is transfer, sync, waiting

@@ -18,8 +18,9 @@ from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.evaluation import read_predictions, write_predictions
 from searchr1.liveness import StopRequested, Stopped, spread_stop
+from searchr1.monitor import Monitor
 from searchr1.protocol import BATCH, BYE, DONE, EVAL, GO, START, TIMES, Channel
-from searchr1.rundir import progress
+from searchr1.rundir import progress, write_status
 from searchr1.schedule import Schedule, make_schedule
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 
 class LagError(RuntimeError):
     """A trajectory older than the schedule allows reached the trainer."""
+
+
+class Collapsed(RuntimeError):
+    """The monitor flagged a collapse and trainer.on_collapse=stop: the job fails, naming the last good checkpoint."""
 
 
 class FixedRollouts:
@@ -97,8 +102,12 @@ class TrainerRole:
         # a checkpoint at the warm start's end holds that stage's state (its optimizer; no critic): the learner
         # of that stage loads it, and the loop's restart begins RL as the uninterrupted run did
         self.learner = self.make_learner(*schedule.stage_configs(start - 1 if start == schedule.warm > 0 else start))
+        self.monitor, self.rollbacks = Monitor(cfg.monitor), 0
         if point:
-            checkpoint.load(point, self.learner)
+            extra = checkpoint.load(point, self.learner)
+            if "monitor" in extra:
+                self.monitor.load_state_dict(extra["monitor"])
+            self.rollbacks = int(extra.get("rollbacks", 0))
             log.info("resumed from %s at step %d", point, start)
         self.writer = self.writer_factory(cfg, self.run_dir, resume_step=start) if self.lead else None
         if self.lead:
@@ -126,9 +135,17 @@ class TrainerRole:
             self.engine_dtypes.update(u["engine_dtype"] for u in units if "engine_dtype" in u)
             self._check_lag(step, trajs, schedule)
             with t("train"):
-                faults.hit("train", self.topo.rank, step)
+                factor = faults.hit("train", self.topo.rank, step)
+                if factor is not None:
+                    self.learner.scale_lr(factor)
                 train_m = self.learner.step(trajs)
                 placement.return_free_memory()
+            # every replica judges the same numbers (the batch, the all-reduced train/ values): the same verdict
+            mon_m, flags = ({}, []) if schedule.stage(step) == "sft" else \
+                self.monitor.observe(step + 1, {**metrics.trajectory_metrics(trajs), **train_m})
+            good, act = self._on_collapse(schedule) if self.monitor.collapsed else (None, "warn")
+            if act == "rollback":
+                mon_m[metrics.ROLLBACK] = 1.0
             pub_m = {}
             if self.lead:
                 faults.hit("publish", self.topo.rank, step)
@@ -137,16 +154,19 @@ class TrainerRole:
                 if step + 1 in self.pending:
                     self.rollouts.published(step + 1, schedule)
             if self.lead:
-                self._record(step, t, trajs, units, train_m, pub_m, schedule, t_run, start)
+                self._record(step, t, trajs, units, {**train_m, **mon_m}, pub_m, schedule, t_run, start, flags)
             else:
                 self.channel.put(TIMES, t.close(), step=step, rank=self.topo.rank)
+            if act == "stop":
+                return self._collapsed(step + 1, flags, good)
+            if act == "rollback":
+                self._rollback(step + 1, flags, good)
             # After the step's line, so that a checkpoint never stands for a step whose record was lost (a resume
             # starts after it); its seconds count in the next step's record.
             t = metrics.PhaseTimer()
             if schedule.checkpoint_due(step + 1):
                 with t("checkpoint"):
-                    checkpoint.save(self.run_dir, step + 1, self.learner, {"step": step + 1, "version": step + 1},
-                                    cfg.keep_checkpoints)
+                    checkpoint.save(self.run_dir, step + 1, self.learner, self._extra(step + 1), cfg.keep_checkpoints)
         if self.lead:
             self._drain_evals(block=True)
             self._finish()
@@ -158,7 +178,67 @@ class TrainerRole:
             self.channel.wait(DONE, [self.topo.member(0)], stoppable=False)
             self.channel.put(BYE, True, rank=self.topo.rank)
 
-    def _record(self, step, t, trajs, units, train_m, pub_m, schedule: Schedule, t_run: float, start: int) -> None:
+    def _extra(self, done: int) -> dict:
+        return {"step": done, "version": done, "monitor": self.monitor.state_dict(), "rollbacks": self.rollbacks}
+
+    def _on_collapse(self, schedule: Schedule) -> tuple[Path | None, str]:
+        """The last good checkpoint (the newest before the first flagged step) and what the collapse does. Every
+        replica decides alike: the same verdict, the same checkpoints (saved by trainer 0 before the all-reduce of
+        the step that any replica is past). A rollback needs an RL checkpoint (the warm start's hold another
+        stage's optimizer) and a rollback left, else it stops."""
+        good = checkpoint.newest_before(self.run_dir, self.monitor.first_flagged)
+        act = self.cfg.trainer.on_collapse
+        if act == "rollback" and (good is None or int(good.name[5:]) <= schedule.warm
+                                  or self.rollbacks >= self.cfg.trainer.max_rollbacks):
+            act = "stop"
+        return good, act
+
+    def _rollback(self, done: int, flags: list[str], good: Path) -> None:
+        """trainer.on_collapse=rollback: every replica restores `good` (policy, optimizer, monitor; the replicas
+        stay equal) and scales its learning rates by rollback_lr_factor per rollback so far; the step count goes
+        on, so the next publication (version done + 1) carries the restored policy to the rollouts."""
+        first = self.monitor.first_flagged
+        extra = checkpoint.load(good, self.learner)
+        self.monitor = Monitor(self.cfg.monitor)
+        if "monitor" in extra:
+            self.monitor.load_state_dict(extra["monitor"])
+        self.rollbacks += 1
+        factor = self.cfg.trainer.rollback_lr_factor ** self.rollbacks
+        self.learner.scale_lr(factor)
+        if self.lead:
+            msg = (f"collapse: steps {first}-{done} flagged by the monitor ({'; '.join(flags)}); rolled back to "
+                   f"{good} (trainer.on_collapse=rollback {self.rollbacks}/{self.cfg.trainer.max_rollbacks}), "
+                   f"learning rates x{factor:g}, going on at step {done + 1}")
+            log.warning("%s", msg)
+            progress(self.run_dir, msg)
+            write_status(self.run_dir, rollbacks=self.rollbacks, last_rollback={
+                "first_flagged_step": first, "step": done, "reasons": flags, "restored": str(good),
+                "lr_factor": factor})
+
+    def _collapsed(self, done: int, flags: list[str], good: Path | None) -> None:
+        """trainer.on_collapse=stop (or a rollback that cannot be made): trainer 0 writes the collapse to the
+        progress log and status.json, waits for the other replicas to leave (they return), and fails the job with
+        it (Collapsed, in its log); no checkpoint is written of the collapsed policy."""
+        first = self.monitor.first_flagged
+        how = "stopped (trainer.on_collapse=stop)" if self.cfg.trainer.on_collapse == "stop" else \
+            f"stopped: no rollback left or no RL checkpoint before it ({self.rollbacks} made)"
+        msg = (f"collapse: steps {first}-{done} flagged by the monitor ({'; '.join(flags)}); {how}; the last "
+               f"checkpoint before it: {good or 'none'}")
+        if not self.lead:
+            self.channel.wait(DONE, [self.topo.member(0)], stoppable=False)
+            self.channel.put(BYE, True, rank=self.topo.rank)
+            return
+        progress(self.run_dir, msg)
+        write_status(self.run_dir, collapse={"first_flagged_step": first, "step": done, "reasons": flags,
+                                             "last_good_checkpoint": str(good) if good else None})
+        self.writer.close()
+        self.channel.put(DONE, {"state": "collapsed", "step": done})
+        for r in range(1, self.topo.n_trainer):
+            self.channel.wait(BYE, [self.topo.member(r)], stoppable=False, rank=r)
+        raise Collapsed(msg)
+
+    def _record(self, step, t, trajs, units, train_m, pub_m, schedule: Schedule, t_run: float, start: int,
+                flags: list[str] = ()) -> None:
         self.rollouts.release(step)
         self._drain_evals(block=False)
         times = [t.close()] + [self.channel.get(TIMES, [self.topo.member(r)], delete=True, stoppable=False,
@@ -171,6 +251,10 @@ class TrainerRole:
             rec["stage"] = schedule.stage(step)
         self.writer.log(rec)
         self._progress(step, rec, t_run, start, schedule)
+        if flags:
+            log.warning("step %d flagged by the collapse monitor: %s", step + 1, "; ".join(flags))
+            progress(self.run_dir, f"step {step + 1} COLLAPSE? {'; '.join(flags)}"
+                                   + (" (a collapse: monitor.patience reached)" if self.monitor.collapsed else ""))
 
     def _collect(self, step: int, schedule: Schedule) -> list[dict] | None:
         """The step's units, in unit order (the same batch whichever process generated which unit); None when a
@@ -195,7 +279,7 @@ class TrainerRole:
         reason = self.channel.liveness.stop.reason or "a stop request seen by another member"
         latest = checkpoint.latest(self.run_dir)
         if done > 0 and (latest is None or latest.name != f"step_{done:06d}"):
-            checkpoint.save(self.run_dir, done, self.learner, {"step": done, "version": done}, self.cfg.keep_checkpoints)
+            checkpoint.save(self.run_dir, done, self.learner, self._extra(done), self.cfg.keep_checkpoints)
         if self.lead:
             self._drain_evals(block=False)
             self.writer.close()

@@ -47,6 +47,16 @@ def group_advantages(reward_b: torch.Tensor, group_b: torch.Tensor, normalize_st
     return adv_b.to(torch.float32), int(flat_g.sum())
 
 
+def rloo_advantages(reward_b: torch.Tensor, group_b: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """REINFORCE leave-one-out: each reward minus the mean of the other rewards of its group (Ahmadian et al.,
+    2024), i.e. G/(G-1) x (reward - group mean). Unbiased (the baseline does not depend on the sample it
+    corrects) and with no std division; a group whose rewards are all equal, a single-member group included,
+    gives exactly 0, counted in the second return value."""
+    dev_b, n_flat = group_advantages(reward_b, group_b, normalize_std=False, eps=0.0)
+    _, idx_b = torch.unique(group_b, return_inverse=True)
+    count_b = torch.bincount(idx_b)[idx_b].to(dev_b.dtype)
+    return torch.where(count_b > 1, dev_b * count_b / (count_b - 1).clamp(min=1), torch.zeros_like(dev_b)), n_flat
+
 def loss_denominator(mask_bt: torch.Tensor, agg: str) -> float:
     """What `masked_aggregate` divides by: trained tokens (token_mean) or sequences with any trained token
     (seq_mean). Summed over the whole batch, it makes a sharded loss add up to the full-batch one."""

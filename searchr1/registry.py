@@ -22,6 +22,7 @@ RETRIEVERS = {
 ALGORITHMS = {
     "grpo": "searchr1.algos.grpo:GRPO",  # group-relative advantages, PPO-style clipping
     "ppo": "searchr1.algos.ppo:PPO",  # a value head, GAE over the policy's own tokens, several epochs per batch
+    "rloo": "searchr1.algos.rloo:RLOO",  # REINFORCE leave-one-out: the group's other rewards as the baseline
     "sft": "searchr1.algos.sft:SFT",  # negative log-likelihood of scripted trajectories (warm start)
 }
 SCHEDULES = {

@@ -204,3 +204,27 @@ def test_decoupled_loss_with_one_step_per_batch_never_clips():
     _, naive = grpo.policy_loss(logp, old, torch.tensor([1.0, -1.0, 2.0, -0.5]), torch.ones(4, 6), 0.2,
                                 "token_mean")
     assert st["clip_frac"].item() == 0.0 and naive["clip_frac"].item() > 0.3
+
+
+def test_rloo_advantages_leave_each_sample_out_of_its_own_baseline():
+    from searchr1.grpo import rloo_advantages
+
+    # group 0: 1, 0, 0, 1 -> a 1's baseline is (0 + 0 + 1) / 3, a 0's is (1 + 0 + 1) / 3; group 1 flat; group 2 alone
+    reward_b = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    group_b = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+    adv_b, n_flat = rloo_advantages(reward_b, group_b)
+    assert adv_b.tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0])
+    assert n_flat == 2 and adv_b[4:].eq(0).all()
+
+
+def test_algo_rloo_is_a_registry_line_with_grpos_loss():
+    import launch
+    from searchr1 import registry
+    from searchr1.trajectory import Trajectory
+
+    cfg = launch.compose_config(["+experiment=smoke", "algo=rloo"])
+    algo = registry.resolve(registry.ALGORITHMS, cfg.algo.name, "algo.name")(cfg.algo)
+    trajs = [Trajectory(qid="q", group=0, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[-1.0], reward=r)
+             for r in (1.0, 0.0, 0.0)]
+    adv_b, stats = algo.coefficients(trajs)
+    assert adv_b.tolist() == pytest.approx([1.0, -0.5, -0.5]) and stats["zero_adv_groups"] == 0

@@ -193,8 +193,8 @@ class AlgoConfig(UpdateKeys):
         _one_of("algo.name", self.name, registry.ALGORITHMS)
         _one_of("algo.off_policy", self.off_policy, {"ratio", "decoupled"})
         _check(self.is_cap >= 1, "algo.is_cap", self.is_cap, "must be >= 1")
-        _check(self.group_size >= (2 if self.name == "grpo" else 1), "algo.group_size", self.group_size,
-               "must be >= 2 for grpo (advantages are relative)")
+        _check(self.group_size >= (2 if self.name in ("grpo", "rloo") else 1), "algo.group_size", self.group_size,
+               f"must be >= 2 for {self.name} (advantages are relative)")
         _positive(self, "algo", "questions_per_step", "adv_eps")
         _check(0 < self.clip_eps < 1, "algo.clip_eps", self.clip_eps, "must be in (0, 1)")
         _one_of("algo.loss_agg", self.loss_agg, {"token_mean", "seq_mean"})

@@ -47,6 +47,15 @@ def group_advantages(reward_b: torch.Tensor, group_b: torch.Tensor, normalize_st
     return adv_b.to(torch.float32), int(flat_g.sum())
 
 
+def varied_groups_first(reward_g: list[list[float]], keep: int) -> list[int]:
+    """DAPO's dynamic sampling on one draw: the indices of the `keep` groups to train on, those whose rewards vary
+    (the only ones a group-relative objective learns from) first, then flat ones, each in draw order; the result
+    is sorted, so the batch keeps the draw's order."""
+    varied = [g for g, r in enumerate(reward_g) if len(r) > 1 and max(r) > min(r)]
+    flat = [g for g in range(len(reward_g)) if g not in set(varied)]
+    return sorted((varied + flat)[:keep])
+
+
 def rloo_advantages(reward_b: torch.Tensor, group_b: torch.Tensor) -> tuple[torch.Tensor, int]:
     """REINFORCE leave-one-out: each reward minus the mean of the other rewards of its group (Ahmadian et al.,
     2024), i.e. G/(G-1) x (reward - group mean). Unbiased (the baseline does not depend on the sample it

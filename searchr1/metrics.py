@@ -46,6 +46,8 @@ LAG_MAX, LAG_MEAN, VERSION_OLDEST = "lag/max", "lag/mean", "version/oldest"
 EVAL_N, EVAL_EM_COUNT, EVAL_EM, EVAL_F1 = "eval/n", "eval/em_count", "eval/em", "eval/f1"
 EVAL_ANSWER_RATE, EVAL_SEARCHES, EVAL_SEARCHED_RATE = "eval/answer_rate", "eval/searches", "eval/searched_rate"
 LOSS, GRAD_NORM = "train/loss", "train/grad_norm"
+# dynamic sampling (algo.oversample): the groups the rollouts drew this step, and how many of them had varied rewards
+GROUPS_DRAWN, GROUPS_VARIED = "rollout/groups_drawn", "rollout/groups_varied"
 ENTROPY, KL_REF, IS_MEAN = "train/entropy", "train/kl_ref", "train/is/mean"
 # the collapse monitor (searchr1/monitor.py): its moving averages, the rules that flagged this step (FLAG + rule,
 # 1.0 each), their count, and COLLAPSE 1.0 once they have flagged monitor.patience steps running
@@ -102,7 +104,7 @@ def step_record(step: int, trajs, units: list[dict], train_m: dict, pub_m: dict,
     `units`: each unit's rollout metrics; `times`: every rank's phase seconds (trainers first, with "wall")."""
     rec = {KIND: TRAIN, STEP: step + 1, **trajectory_metrics(trajs), **lag_metrics(step, trajs)}
     seconds = sorted({k for m in units for k in m if k.startswith("rollout/") and k.endswith("_s")})
-    for key in seconds:
+    for key in seconds + [k for k in (GROUPS_DRAWN, GROUPS_VARIED) if any(k in m for m in units)]:
         rec[key] = sum(m.get(key, 0.0) for m in units)
     gen_s = rec.get("rollout/generation_s", 0.0)
     rec["rollout/retrieval_to_generation"] = rec.get("rollout/retrieval_s", 0.0) / gen_s if gen_s else 0.0

@@ -124,6 +124,7 @@ class Unit:
     questions: tuple[int, ...]  # indices into the training pool
     group_offset: int  # the step-level group number of its first question
     seed: int
+    keep: int = 0  # dynamic sampling (algo.oversample): the groups this unit keeps of those it draws; 0: all
 
 
 def chunk(n: int, parts: int, i: int) -> range:
@@ -134,13 +135,15 @@ def chunk(n: int, parts: int, i: int) -> range:
 
 
 def step_units(step: int, n_units: int, n_pool: int, questions_per_step: int, seed: int,
-               position: int | None = None) -> list[Unit]:
+               position: int | None = None, keep_per_step: int = 0) -> list[Unit]:
     """The work units of `step`: its questions (searchr1.data.step_questions at data `position`, the step by
-    default) in `n_units` contiguous slices, each with its own sampling seed."""
+    default) in `n_units` contiguous slices, each with its own sampling seed; `keep_per_step` > 0 shares the
+    groups the step keeps (dynamic sampling) among the units the same way."""
     pos = step if position is None else position
     idx = step_questions(n_pool, pos, questions_per_step, seed)
     units = []
     for u in range(n_units):
         r = chunk(questions_per_step, n_units, u)
-        units.append(Unit(step, u, tuple(idx[i] for i in r), r.start, seed * 100_003 + pos * 1_009 + u))
+        keep = len(chunk(keep_per_step, n_units, u)) if keep_per_step else 0
+        units.append(Unit(step, u, tuple(idx[i] for i in r), r.start, seed * 100_003 + pos * 1_009 + u, keep))
     return units

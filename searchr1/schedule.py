@@ -52,7 +52,9 @@ class Schedule:
         algo = self.stage_configs(step)[0]
         if self.stage(step) == "sft":
             return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed + 7_919)
-        return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed, position=step - self.warm)
+        drawn = algo.questions_per_step * algo.oversample
+        return step_units(step, n_units, n_pool, drawn, self.cfg.seed, position=step - self.warm,
+                          keep_per_step=algo.questions_per_step if algo.oversample > 1 else 0)
 
     def version_for(self, step: int) -> int:
         """The version step `step`'s data is generated with (streaming: the oldest one it may be). Scripted

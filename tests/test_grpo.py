@@ -228,3 +228,29 @@ def test_algo_rloo_is_a_registry_line_with_grpos_loss():
              for r in (1.0, 0.0, 0.0)]
     adv_b, stats = algo.coefficients(trajs)
     assert adv_b.tolist() == pytest.approx([1.0, -0.5, -0.5]) and stats["zero_adv_groups"] == 0
+
+
+def test_dynamic_sampling_keeps_the_groups_whose_rewards_vary_first():
+    from searchr1.grpo import varied_groups_first
+
+    reward_g = [[1, 1], [0, 1], [0, 0], [1, 0, 0], [0.5, 0.5]]
+    assert varied_groups_first(reward_g, 2) == [1, 3]  # the two varied groups, in draw order
+    assert varied_groups_first(reward_g, 3) == [0, 1, 3]  # then the first flat one
+    assert varied_groups_first(reward_g, 9) == [0, 1, 2, 3, 4]
+    assert varied_groups_first([[1]], 1) == [0]  # a single sample never varies, but fills
+
+
+def test_oversampled_steps_draw_more_questions_and_share_the_kept_groups_among_units():
+    import launch
+    from searchr1.schedule import make_schedule
+
+    cfg = launch.compose_config(["+experiment=smoke", "algo.questions_per_step=4", "algo.oversample=3"])
+    plain = launch.compose_config(["+experiment=smoke", "algo.questions_per_step=4"])
+    step = cfg.warm_start.steps
+    units = make_schedule(cfg).units(step, 2, 500)
+    assert [len(u.questions) for u in units] == [6, 6] and [u.keep for u in units] == [2, 2]
+    assert [u.group_offset for u in units] == [0, 6]
+    base = make_schedule(plain).units(step, 2, 500)
+    assert [u.keep for u in base] == [0, 0] and [len(u.questions) for u in base] == [2, 2]
+    with pytest.raises(SystemExit, match="algo.oversample=0: must be > 0"):
+        launch.compose_config(["+experiment=smoke", "algo.oversample=0"])

@@ -13,11 +13,13 @@ from typing import Callable
 
 import torch
 
+from searchr1 import metrics
 from searchr1.agent import run_episodes, sampling_for
 from searchr1.config import Config, ModelConfig
 from searchr1.data import Question, Splits
 from searchr1.engines import make_engine
 from searchr1.evaluation import evaluate
+from searchr1.grpo import varied_groups_first
 from searchr1.protocol import Unit
 from searchr1.retrieval import load_or_build
 from searchr1.retrieval import format_passages, make_retrieve
@@ -59,8 +61,18 @@ class Worker:
                                      lambda hits: format_passages(hits, tok, r.passage_max_tokens), self.cfg.agent,
                                      self.score, unit.group_offset)
         sampling = sampling_for(self.cfg.agent, self.cfg.sampling, seed=unit.seed)
-        return run_episodes(self.engine, questions, self.cfg.algo.group_size, self.retrieve, self.cfg.agent,
-                            sampling, self.score, version, group_offset=unit.group_offset)
+        trajs, m = run_episodes(self.engine, questions, self.cfg.algo.group_size, self.retrieve, self.cfg.agent,
+                                sampling, self.score, version, group_offset=unit.group_offset)
+        if unit.keep:  # dynamic sampling: only the groups kept are sent (searchr1/grpo.py varied_groups_first)
+            by_group: dict[int, list] = {}
+            for tr in trajs:
+                by_group.setdefault(tr.group, []).append(tr)
+            groups = list(by_group.values())
+            kept = varied_groups_first([[tr.reward for tr in g] for g in groups], unit.keep)
+            m[metrics.GROUPS_DRAWN] = float(len(groups))
+            m[metrics.GROUPS_VARIED] = float(sum(len({tr.reward for tr in g}) > 1 for g in groups))
+            trajs = [tr for i in kept for tr in groups[i]]
+        return trajs, m
 
     def evaluate(self, questions: list[Question], progress: Callable[[int, int], None] = lambda d, t: None,
                  dataset: str = "hotpotqa"):

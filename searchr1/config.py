@@ -79,6 +79,9 @@ class DataConfig:
     # Held-out sets evaluated at every evaluation point (registry.DATASETS); each its own corpus, metrics line and
     # prediction files (searchr1/datasets). hotpotqa, the training set's own, is always evaluated.
     eval_sets: list[str] = field(default_factory=lambda: ["hotpotqa"])
+    # Training sets beside HotpotQA and their share of every step's questions, e.g. {nq: 0.5} (Search-R1's NQ +
+    # HotpotQA): each set's questions outside its held-out sample join the pool, their passages the index
+    train_mix: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         _check(len(self.train_files) > 0, "data.train_files", self.train_files, "needs at least one file")
@@ -93,6 +96,11 @@ class DataConfig:
             _one_of("data.eval_sets", name, registry.DATASETS)
         _check(self.eval_sets[:1] == ["hotpotqa"] and len(set(self.eval_sets)) == len(self.eval_sets),
                "data.eval_sets", self.eval_sets, "must start with hotpotqa and name each set once")
+        for name, share in self.train_mix.items():
+            _one_of("data.train_mix", name, set(registry.DATASETS) - {"hotpotqa"})
+            _check(0 < share < 1, f"data.train_mix.{name}", share, "must be in (0, 1)")
+        _check(sum(self.train_mix.values()) < 1, "data.train_mix", dict(self.train_mix),
+               "shares must leave HotpotQA a part (they sum to less than 1)")
         _check(self.eval_on == "heldout" or self.eval_sets == ["hotpotqa"], "data.eval_sets", self.eval_sets,
                "other sets' held-out questions stay untouched while tuning (data.eval_on=dev)")
 

@@ -38,6 +38,7 @@ class Question:
     supporting_facts: tuple[tuple[str, int], ...]
     context: tuple[tuple[str, tuple[str, ...]], ...]  # (title, sentences)
     source: str = field(default="", compare=False)  # "file:record" for error messages and predictions
+    dataset: str = field(default="hotpotqa", compare=False)  # the training set it came from (data.train_mix)
 
 
 @dataclass
@@ -50,10 +51,23 @@ class Splits:
     eval_on: str = "heldout"
     pools: dict = field(default_factory=dict)  # stage (sft | rl) -> its training questions (searchr1/curriculum.py)
     eval_sets: dict = field(default_factory=dict)  # name -> searchr1.datasets.EvalSet: the other held-out sets
+    mix: tuple = ()  # the training sets after HotpotQA (data.train_mix), in the order the pools hold them
 
     def pool(self, stage: str) -> list[Question]:
         """The training questions `stage` draws from: its curriculum's pool, else the whole training pool."""
         return self.pools.get(stage, self.train)
+
+    def sizes(self, stage: str) -> int | tuple[int, ...]:
+        """What a step draws `stage`'s questions from: the pool's size, or with a training mix the size of each
+        set's contiguous run of it (HotpotQA's first, then data.train_mix's order)."""
+        pool = self.pool(stage)
+        if not self.mix:
+            return len(pool)
+        order = ("hotpotqa",) + tuple(self.mix)
+        rank = [order.index(q.dataset) for q in pool]
+        if rank != sorted(rank):
+            raise ValueError(f"the {stage} pool does not hold its training sets in the order {order}")
+        return tuple(rank.count(j) for j in range(len(order)))
 
     @property
     def evaluation(self) -> list[Question]:
@@ -235,6 +249,31 @@ def step_questions(n_pool: int, step: int, per_step: int, seed: int) -> list[int
         take = perm[offset: offset + per_step - len(out)]
         out.extend(take)
         pos += len(take)
+    return out
+
+
+def mix_counts(per_step: int, shares: tuple[float, ...]) -> list[int]:
+    """Each training set's questions of a step: per_step x its share, rounded by largest remainder (ties to the
+    earlier set), so the counts sum to per_step and are the same every step."""
+    exact = [per_step * w for w in shares]
+    counts = [int(x) for x in exact]
+    by_rest = sorted(range(len(shares)), key=lambda j: (-(exact[j] - counts[j]), j))
+    for j in by_rest[: per_step - sum(counts)]:
+        counts[j] += 1
+    return counts
+
+
+def mixed_step_questions(sizes: tuple[int, ...], shares: tuple[float, ...], step: int, per_step: int,
+                         seed: int) -> list[int]:
+    """step_questions over a pool made of contiguous runs, one per training set (`sizes`): each set gives its
+    mix_counts share of the step from its own seeded stream, so each set's data position is also just `step`."""
+    out, start = [], 0
+    for j, (n, k) in enumerate(zip(sizes, mix_counts(per_step, shares))):
+        if k and not n:
+            raise ValueError(f"training set {j} of the mix has no question in this stage's pool")
+        if k:
+            out += [start + i for i in step_questions(n, step, k, seed + 104_729 * j)]
+        start += n
     return out
 
 

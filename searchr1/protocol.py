@@ -38,7 +38,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 
-from searchr1.data import step_questions
+from searchr1.data import mixed_step_questions, step_questions
 from searchr1.liveness import Liveness
 
 CHUNK_BYTES = 4 << 20  # under the libuv TCPStore's 8 MiB payload limit
@@ -134,13 +134,17 @@ def chunk(n: int, parts: int, i: int) -> range:
     return range(start, start + q + (i < r))
 
 
-def step_units(step: int, n_units: int, n_pool: int, questions_per_step: int, seed: int,
-               position: int | None = None, keep_per_step: int = 0) -> list[Unit]:
+def step_units(step: int, n_units: int, n_pool: int | tuple[int, ...], questions_per_step: int, seed: int,
+               position: int | None = None, keep_per_step: int = 0, shares: tuple[float, ...] = ()) -> list[Unit]:
     """The work units of `step`: its questions (searchr1.data.step_questions at data `position`, the step by
     default) in `n_units` contiguous slices, each with its own sampling seed; `keep_per_step` > 0 shares the
-    groups the step keeps (dynamic sampling) among the units the same way."""
+    groups the step keeps (dynamic sampling) among the units the same way. With a training mix, `n_pool` is
+    each set's size in the pool and `shares` their shares of the step (searchr1.data.mixed_step_questions)."""
     pos = step if position is None else position
-    idx = step_questions(n_pool, pos, questions_per_step, seed)
+    if isinstance(n_pool, tuple):
+        idx = mixed_step_questions(n_pool, shares, pos, questions_per_step, seed)
+    else:
+        idx = step_questions(n_pool, pos, questions_per_step, seed)
     units = []
     for u in range(n_units):
         r = chunk(questions_per_step, n_units, u)

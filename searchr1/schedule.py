@@ -46,15 +46,18 @@ class Schedule:
         return (AlgoConfig(name="sft", group_size=1, questions_per_step=w.questions_per_step),
                 replace(self.cfg.optim, lr=w.lr, warmup_steps=0), w.train_top_layers)
 
-    def units(self, step: int, n_units: int, n_pool: int) -> list[Unit]:
+    def units(self, step: int, n_units: int, n_pool: int | tuple[int, ...]) -> list[Unit]:
         """Step `step`'s work units. RL data positions count from the first RL step, so the questions RL sees do
-        not depend on the length of a warm start; the warm start draws from its own stream."""
+        not depend on the length of a warm start; the warm start draws from its own stream. `n_pool`: the
+        stage's pool size, or each training set's (Splits.sizes) with a training mix."""
         algo = self.stage_configs(step)[0]
+        mix = self.cfg.data.train_mix
+        shares = (1 - sum(mix.values()), *mix.values()) if mix else ()
         if self.stage(step) == "sft":
-            return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed + 7_919)
+            return step_units(step, n_units, n_pool, algo.questions_per_step, self.cfg.seed + 7_919, shares=shares)
         drawn = algo.questions_per_step * algo.oversample
         return step_units(step, n_units, n_pool, drawn, self.cfg.seed, position=step - self.warm,
-                          keep_per_step=algo.questions_per_step if algo.oversample > 1 else 0)
+                          keep_per_step=algo.questions_per_step if algo.oversample > 1 else 0, shares=shares)
 
     def version_for(self, step: int) -> int:
         """The version step `step`'s data is generated with (streaming: the oldest one it may be). Scripted

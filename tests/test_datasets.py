@@ -267,3 +267,46 @@ def test_a_smoke_run_evaluates_each_set_with_its_own_line_file_and_paired_test(t
     data = json.loads((run / "data.json").read_text())
     assert data["eval_sets"]["2wiki"]["heldout_ids"] == first4 and data["eval_sets"]["2wiki"]["corpus_passages"] > 0
     assert [x[K.STEP] for x in json.loads((run / "summary.json").read_text())["eval_sets"]["2wiki"]] == [0, 1]
+
+
+# --- training sets beside HotpotQA (data.train_mix) ----------------------------------------------------------
+
+def test_mix_counts_round_by_largest_remainder_and_each_set_draws_its_own_stream():
+    from searchr1.data import mix_counts, mixed_step_questions, step_questions
+
+    assert mix_counts(4, (0.5, 0.5)) == [2, 2] and mix_counts(5, (0.5, 0.5)) == [3, 2]
+    assert mix_counts(4, (0.7, 0.3)) == [3, 1] and mix_counts(3, (0.2, 0.4, 0.4)) == [1, 1, 1]
+    idx = mixed_step_questions((10, 30), (0.5, 0.5), step=3, per_step=4, seed=1)
+    assert idx[:2] == step_questions(10, 3, 2, 1) and all(10 <= i < 40 for i in idx[2:])
+    assert [i - 10 for i in idx[2:]] == step_questions(30, 3, 2, 1 + 104_729)
+    with pytest.raises(ValueError, match="no question"):
+        mixed_step_questions((10, 0), (0.5, 0.5), 0, 4, 1)
+
+
+def test_nq_joins_the_training_pool_and_index_outside_its_heldout_sample():
+    from searchr1.schedule import make_schedule
+
+    cfg = launch.compose_config(["+experiment=smoke", "+data.train_mix.nq=0.5", "algo.questions_per_step=4",
+                                 "data.eval_sets=[hotpotqa,nq]", "data.eval_size=200"])
+    plain = load_splits(DataConfig(eval_size=200), ROOT)
+    s = load_all(cfg.data, ROOT)
+    nq = [q for q in s.train if q.dataset == "nq"]
+    held = read_ids(ROOT / "data/nq/heldout.ids")
+    assert s.train[: len(plain.train)] == plain.train and s.train[len(plain.train):] == nq
+    assert len(nq) >= 2655 - 200 - 20 and not {q.qid for q in nq} & set(held)
+    held_texts = {q.question.lower() for q in s.eval_sets["nq"].questions}
+    assert not [q for q in nq if q.question.lower() in held_texts]
+    assert len(s.corpus) > len(plain.corpus) and s.corpus[: len(plain.corpus)] == plain.corpus
+    assert s.sizes("rl") == (len(plain.train), len(nq)) and load_splits(cfg.data, ROOT).sizes("rl") == len(plain.train)
+    units = make_schedule(cfg).units(cfg.warm_start.steps, 2, s.sizes("rl"))
+    picked = [s.train[i] for u in units for i in u.questions]
+    assert [q.dataset for q in picked] == ["hotpotqa", "hotpotqa", "nq", "nq"]
+
+
+@pytest.mark.parametrize("mix, needle", [(["+data.train_mix.hotpotqa=0.5"], "data.train_mix='hotpotqa'"),
+                                         (["+data.train_mix.nq=1.0"], "data.train_mix.nq=1.0"),
+                                         (["+data.train_mix.nq=0.6", "+data.train_mix.musique=0.5"],
+                                          "leave HotpotQA a part")])
+def test_a_bad_training_mix_is_named(mix, needle):
+    with pytest.raises(SystemExit, match=needle.replace(".", r"\.")):
+        launch.compose_config(["+experiment=smoke", *mix])

@@ -109,11 +109,37 @@ def load_eval_sets(splits: Splits, names: list[str], size: int, root: str | Path
     return dataclasses.replace(splits, eval_sets=sets)
 
 
+def add_training_sets(splits: Splits, mix: dict, root: str | Path = ".") -> Splits:
+    """`splits` with each set of `mix` (data.train_mix) appended to the training pool, in order: its questions
+    outside its whole held-out sample (by id and by question text: NQ-open repeats some questions under other
+    line numbers), tagged with the set; their passages join the index, added by (title, text). The dev split stays
+    HotpotQA's (it is drawn before)."""
+    root, train, corpus = Path(root), list(splits.train), list(splits.corpus)
+    seen = {(p["title"], p["text"]) for p in corpus}
+    for name in mix:
+        ds = spec(name)
+        questions = ds.read(root / ds.file)
+        held = set(read_ids(root / ds.ids_file))
+        held_texts = {normalize_answer(q.question) for q in questions if q.qid in held}
+        added = [dataclasses.replace(q, dataset=name) for q in questions
+                 if q.qid not in held and normalize_answer(q.question) not in held_texts]
+        if not added:
+            raise DataError(f"data.train_mix: {name} has no question outside its held-out sample ({ds.ids_file})")
+        for p in build_corpus(added):
+            if (p["title"], p["text"]) not in seen:
+                seen.add((p["title"], p["text"]))
+                corpus.append(p)
+        train += added
+    return dataclasses.replace(splits, train=train, corpus=corpus, mix=tuple(mix))
+
+
 def load_all(cfg, root: str | Path = ".") -> Splits:
-    """The training splits of `cfg` (a DataConfig) and its evaluation sets."""
+    """The training splits of `cfg` (a DataConfig), its training mix and its evaluation sets."""
     from searchr1.data import load_splits
 
-    return load_eval_sets(load_splits(cfg, root), list(cfg.eval_sets), cfg.eval_size, root)
+    splits = add_training_sets(load_splits(cfg, root), dict(cfg.train_mix), root) if cfg.train_mix else \
+        load_splits(cfg, root)
+    return load_eval_sets(splits, list(cfg.eval_sets), cfg.eval_size, root)
 
 
 def draw_ids(ids: list[str], n: int, seed: int) -> list[str]:

@@ -265,7 +265,7 @@ class ElasticWorker:
 def run_worker(cfg: Config, run_dir: Path) -> None:
     """The entry of an elastic rollout process (local backend, Slurm, or `+join=RUN_DIR`)."""
     from searchr1 import dist
-    from searchr1.data import load_splits
+    from searchr1.datasets import load_all
     from searchr1.roles import setup_logging
     from searchr1.roles.worker import Worker
     from searchr1.rundir import REPO_ROOT
@@ -282,7 +282,7 @@ def run_worker(cfg: Config, run_dir: Path) -> None:
     store = dist.connect_store(host=False)
     me = None
     try:
-        splits = load_splits(cfg.data, REPO_ROOT)
+        splits = load_all(cfg.data, REPO_ROOT)
         worker = Worker(cfg, splits, "cpu")
         me = ElasticWorker(cfg, run_dir, store, worker, FileSubscriber(run_dir, cfg.sync),
                            lambda start: make_schedule(cfg, start), cfg.cluster.heartbeat_period_s)
@@ -311,8 +311,7 @@ class ElasticRollouts:
         self.tids: dict[tuple[str, int], list[str]] = {}
 
     def units(self, step: int, schedule) -> list[dict]:
-        pool = self.splits.pool(schedule.stage(step))
-        tasks = train_tasks(step, schedule.units(step, self.n_units, len(pool)))
+        tasks = train_tasks(step, schedule.units(step, self.n_units, self.splits.sizes(schedule.stage(step))))
         self.dispatcher.post(tasks)
         tids = self.tids[("train", step)] = [t.tid for t in tasks]
         got = self.dispatcher.wait(tids)

@@ -54,8 +54,8 @@ class RolloutRole:
             if step > first:
                 t = PhaseTimer()
             self._advance(self._target(step), t)
-            pool = self.worker.splits.pool(self.schedule.stage(step))
-            unit = self.schedule.units(step, topo.n_rollout, len(pool))[topo.rollout_index]
+            sizes = self.worker.splits.sizes(self.schedule.stage(step))
+            unit = self.schedule.units(step, topo.n_rollout, sizes)[topo.rollout_index]
             version = self._between_turns if self.schedule.turn_updates else (lambda: self.weights.applied)
             with t("rollout"):
                 faults.hit("rollout", topo.rank, step)

@@ -49,6 +49,7 @@ LOSS, GRAD_NORM = "train/loss", "train/grad_norm"
 # dynamic sampling (algo.oversample): the groups the rollouts drew this step, and how many of them had varied rewards
 GROUPS_DRAWN, GROUPS_VARIED = "rollout/groups_drawn", "rollout/groups_varied"
 ENTROPY, KL_REF, IS_MEAN = "train/entropy", "train/kl_ref", "train/is/mean"
+TOKENS_TRAINED = "train/tokens_trained"
 # the collapse monitor (searchr1/monitor.py): its moving averages, the rules that flagged this step (FLAG + rule,
 # 1.0 each), their count, and COLLAPSE 1.0 once they have flagged monitor.patience steps running
 REWARD_MA, ANSWER_MA = "monitor/reward_ma", "monitor/answer_rate_ma"

@@ -43,8 +43,12 @@ class Monitor:
             if judged and drop > 0 and best is not None and best >= c.min_level and ma < (1 - drop) * best:
                 why.append((name, f"{name} moving average {ma:.3f} fell below {1 - drop:.2f} x its best {best:.3f}"))
             self.best[key] = ma if best is None else max(best, ma)
-        for key in (K.ENTROPY, K.GRAD_NORM):  # against the steps before: a spike is not in its own average
-            if key not in rec:
+        # A step whose groups all scored alike trains no token: its entropy and gradient norm are 0 by construction
+        # (seen in the main job), neither a collapse nor part of the averages. The others are judged against the
+        # steps before: a spike is not in its own average.
+        trained = rec.get(K.TOKENS_TRAINED, 1) > 0
+        for key in (K.ENTROPY, K.GRAD_NORM):
+            if key not in rec or not trained:
                 continue
             x, h = float(rec[key]), self.hist[key]
             m = _mean(h) if h else None

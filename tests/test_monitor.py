@@ -118,3 +118,13 @@ def test_an_injected_collapse_is_rolled_back_with_a_lower_learning_rate(tmp_path
     assert [x.get(K.ROLLBACK, 0.0) for x in steps] == [0, 0, 0, 1, 0, 0]
     assert [x[K.FLAGS] for x in steps[4:]] == [0, 0]
     assert "rolled back to" in (run_dir / "progress.log").read_text()
+
+
+def test_a_step_that_trained_no_token_is_not_an_entropy_collapse():
+    """Seen in the main job (GRPO, groups of 8): a step whose groups all scored alike trains nothing, and its
+    train/entropy and grad norm are 0 by construction; flagging it was a false alarm."""
+    idle = {K.REWARD: 0.6, K.ANSWER_RATE: 0.9, K.ENTROPY: 0.0, K.GRAD_NORM: 0.0, K.TOKENS_TRAINED: 0}
+    out = run(Monitor(MonitorConfig(warmup_steps=2)), healthy(4) + [idle] + healthy(1))
+    assert not any(why for _, why in out)
+    real = {**idle, K.TOKENS_TRAINED: 100}
+    assert run(Monitor(MonitorConfig(warmup_steps=2)), healthy(4) + [real])[-1][1][0].startswith("entropy 0")

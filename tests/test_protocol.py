@@ -111,6 +111,7 @@ def test_units_are_the_same_whoever_generates_them():
 class FakeLearner:
     """Records which weights versions each step's data came from; 'weights' are just the version."""
 
+    critic = None  # no trainable state beside the policy (the learner interface: searchr1/learner.py)
     rank, device, compute_dtype_name = 0, "cpu", "float32"
 
     def __init__(self):

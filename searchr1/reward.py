@@ -45,7 +45,11 @@ def exact_match(pred: str | None, golds: list[str] | str) -> float:
 def _f1_one(p: str, g: str) -> float:
     if (p in _CLOSED_CLASS or g in _CLOSED_CLASS) and p != g:
         return 0.0
-    p_toks, g_toks = p.split(), g.split()
+    return overlap_f1(p.split(), g.split())
+
+
+def overlap_f1(p_toks: list[str], g_toks: list[str]) -> float:
+    """Token-overlap F1 of two normalised token lists (every official script's; searchr1/datasets/scoring.py too)."""
     same = sum((Counter(p_toks) & Counter(g_toks)).values())
     if same == 0:
         return 0.0

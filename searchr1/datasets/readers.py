@@ -17,7 +17,7 @@ import gzip
 import json
 from pathlib import Path
 
-from searchr1.data import DataError, Question, _context, _field, _records, _supporting
+from searchr1.data import DataError, Question, _context, _field, _supporting, read_records
 
 
 def _str_list(rec: dict, name: str, where: str, nonempty: bool = False) -> tuple[str, ...]:
@@ -34,23 +34,6 @@ def _question(rec: dict, where: str) -> str:
     if not q.strip():
         raise DataError(f"{where}: field 'question' is empty")
     return q
-
-
-def _each(path: Path, parse) -> list[Question]:
-    """Every record of `path` (a JSON list or JSON lines) through `parse(rec, where, index)`; ids unique."""
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    out, seen = [], {}
-    for i, ln, rec in _records(path):
-        where = f"{path}: record {i}" + (f" (line {ln})" if ln else "")
-        q = parse(rec, where, i)
-        if q.qid in seen:
-            raise DataError(f"{where}: duplicate id {q.qid!r} (first at record {seen[q.qid]})")
-        seen[q.qid] = i
-        out.append(q)
-    if not out:
-        raise DataError(f"{path}: holds no records")
-    return out
 
 
 def parse_2wiki(rec: dict, where: str, index: int = 0) -> Question:
@@ -104,18 +87,18 @@ def parse_nq(rec: dict, where: str, index: int) -> Question:
 
 
 def read_2wiki(path: str | Path) -> list[Question]:
-    return _each(Path(path), parse_2wiki)
+    return read_records(Path(path), parse_2wiki)
 
 
 def read_musique(path: str | Path) -> list[Question]:
-    return _each(Path(path), parse_musique)
+    return read_records(Path(path), parse_musique)
 
 
 def read_nq(path: str | Path) -> list[Question]:
     """JSON lines, gzip-compressed when the name ends in .gz."""
     path = Path(path)
     if path.suffix != ".gz":
-        return _each(path, parse_nq)
+        return read_records(path, parse_nq)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     out = []

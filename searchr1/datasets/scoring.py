@@ -12,10 +12,9 @@ A missing prediction (no <answer>) scores 0 everywhere.
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Callable, Optional, Sequence
 
-from searchr1.reward import exact_match, f1 as hotpot_f1, normalize_answer
+from searchr1.reward import exact_match, f1 as hotpot_f1, normalize_answer, overlap_f1
 
 Metric = Callable[[Optional[str], Sequence[str]], float]  # (prediction, gold aliases) -> score in [0, 1]
 
@@ -27,21 +26,13 @@ def _golds(golds: Sequence[str] | str) -> list[str]:
     return golds
 
 
-def _overlap_f1(p_toks: list[str], g_toks: list[str]) -> float:
-    same = sum((Counter(p_toks) & Counter(g_toks)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p_toks), same / len(g_toks)
-    return 2 * precision * recall / (precision + recall)
-
-
 def squad1_f1(pred: str | None, golds: Sequence[str] | str) -> float:
     """SQuAD 1.1's f1_score, best over the golds (NQ-open)."""
     golds = _golds(golds)
     if pred is None:
         return 0.0
     p = normalize_answer(pred).split()
-    return max(_overlap_f1(p, normalize_answer(g).split()) for g in golds)
+    return max(overlap_f1(p, normalize_answer(g).split()) for g in golds)
 
 
 def squad2_f1(pred: str | None, golds: Sequence[str] | str) -> float:
@@ -53,7 +44,7 @@ def squad2_f1(pred: str | None, golds: Sequence[str] | str) -> float:
     best = 0.0
     for g in golds:
         g_toks = normalize_answer(g).split()
-        score = float(p == g_toks) if not p or not g_toks else _overlap_f1(p, g_toks)
+        score = float(p == g_toks) if not p or not g_toks else overlap_f1(p, g_toks)
         best = max(best, score)
     return best
 

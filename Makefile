@@ -103,12 +103,12 @@ results-algos: install
 	$(BIN)/python -m searchr1.rundir export $(ALG)/ppo_float32_s0 results/algos/cpu_ppo_float32_s0
 
 # Search-R1's recipe, NQ + HotpotQA (README, "Other datasets"): seed 0, half of every step's questions from NQ,
-# evaluated on HotpotQA and NQ; compare with the main study's seed 0. Exported to results/datasets/.
+# evaluated on every held-out set; compare with the main study's seed 0. Exported to results/datasets/.
 MIX := runs/datasets
 results-mix: install
 	test "$$(cat $(MIX)/nq_mix_s0/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || { rm -rf $(MIX)/nq_mix_s0 && \
 	  $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(MIX) run_name=nq_mix_s0 seed=0 +data.train_mix.nq=0.5 \
-	  'data.eval_sets=[hotpotqa,nq]' $(call DT,float32); }
+	  $(SETS) $(call DT,float32); }
 	rm -rf results/datasets && mkdir -p results/datasets
 	$(BIN)/python -m searchr1.rundir export $(MIX)/nq_mix_s0 results/datasets/cpu_nq_mix_s0
 	$(BIN)/python -m searchr1.transfer results/datasets

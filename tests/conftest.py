@@ -19,6 +19,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The smoke run (tests/test_loop.py's launch: 2 trainer + 2 rollout ranks, 3 steps) that several modules
+    read: one launch for all of them. It evaluates 2wiki's held-out questions beside HotpotQA's, so the
+    datasets' end-to-end checks read the same run."""
+    from tests.test_loop import launch
+
+    r, run = launch(tmp_path_factory.mktemp("runs"), "data.eval_sets=[hotpotqa,2wiki]")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, run
+
+
 def pytest_sessionfinish(session, exitstatus):
     session.config._searchr1_exitstatus = int(exitstatus)
 

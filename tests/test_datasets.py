@@ -237,36 +237,30 @@ def test_eval_sets_config_key():
 
 # --- end to end -----------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_a_smoke_run_evaluates_each_set_with_its_own_line_file_and_paired_test(tmp_path):
-    """`+experiment=smoke data.eval_sets=[hotpotqa,2wiki]`: at both evaluation points (versions 0 and 1) the
-    rollout ranks evaluate 2wiki's first 4 held-out questions beside HotpotQA's; trainer 0 writes its own metrics
-    line and prediction file per set and evaluation, and the console gets each set's paired test."""
-    import subprocess
-
+def test_a_smoke_run_evaluates_each_set_with_its_own_line_file_and_paired_test(smoke_run):
+    """The shared smoke run (`data.eval_sets=[hotpotqa,2wiki]`, 3 steps): at both evaluation points (versions 0
+    and 3) the rollout ranks evaluate 2wiki's first 4 held-out questions beside HotpotQA's; trainer 0 writes its
+    own metrics line and prediction file per set and evaluation, and the console gets each set's paired test."""
     from searchr1 import metrics as K
     from searchr1.metrics import read_metrics
 
-    r = subprocess.run([sys.executable, "launch.py", "+experiment=smoke", f"run_root={tmp_path}", "steps=1",
-                        "data.eval_sets=[hotpotqa,2wiki]"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    r, run = smoke_run
     recs = read_metrics(run / "metrics.jsonl")
     hotpot = [x for x in recs if x[K.KIND] == K.EVAL]
     wiki = [x for x in recs if x[K.KIND] == K.EVAL_SET]
-    assert [x[K.STEP] for x in hotpot] == [0, 1] and [x[K.STEP] for x in wiki] == [0, 1]
+    assert [x[K.STEP] for x in hotpot] == [0, 3] and [x[K.STEP] for x in wiki] == [0, 3]
     assert all(x[K.DATASET] == "2wiki" and x[K.EVAL_N] == 4 and 0 <= x[K.EVAL_F1] <= 1 for x in wiki)
     first4 = read_ids(ROOT / "data/2wiki/heldout.ids")[:4]
-    for v in (0, 1):
+    for v in (0, 3):
         preds = [json.loads(line) for line in (run / "predictions" / "2wiki" / f"step_{v:06d}.jsonl").open()]
         assert sorted(p["id"] for p in preds) == sorted(first4)
         assert (run / "predictions" / f"step_{v:06d}.jsonl").is_file()  # HotpotQA's, where it always was
-    assert "2wiki held-out EM at version 0: " in r.stdout and "2wiki held-out EM at version 1: " in r.stdout
+    assert "2wiki held-out EM at version 0: " in r.stdout and "2wiki held-out EM at version 3: " in r.stdout
     assert "held-out EM before (step 0)" in r.stdout and "2wiki held-out EM before (step 0)" in r.stdout
     assert r.stdout.count("exact McNemar p = ") == 2
     data = json.loads((run / "data.json").read_text())
     assert data["eval_sets"]["2wiki"]["heldout_ids"] == first4 and data["eval_sets"]["2wiki"]["corpus_passages"] > 0
-    assert [x[K.STEP] for x in json.loads((run / "summary.json").read_text())["eval_sets"]["2wiki"]] == [0, 1]
+    assert [x[K.STEP] for x in json.loads((run / "summary.json").read_text())["eval_sets"]["2wiki"]] == [0, 3]
 
 
 # --- training sets beside HotpotQA (data.train_mix) ----------------------------------------------------------

@@ -39,13 +39,6 @@ def alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    r, run = launch(tmp_path_factory.mktemp("runs"))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r, run
-
-
 def test_every_rank_finished_and_every_step_was_recorded(smoke_run):
     r, run = smoke_run
     status = json.loads((run / "status.json").read_text())

@@ -32,8 +32,11 @@ install: $(STAMP)
 demo: install
 	$(BIN)/python launch.py +experiment=search_r1_cpu
 
+# Two workers: much of the suite waits (on Slurm, on ranks' liveness, on process start-up), so two keep both
+# cores busy; conftest.py keeps each module on one worker and every vLLM module on the same one.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The retrieval peers (PISA, tantivy) are the `bench` extra, installed here only: the suite does not need them.
 bench: install
@@ -111,7 +114,7 @@ results-mix: install
 	  $(SETS) $(call DT,float32); }
 	rm -rf results/datasets && mkdir -p results/datasets
 	$(BIN)/python -m searchr1.rundir export $(MIX)/nq_mix_s0 results/datasets/cpu_nq_mix_s0
-	$(BIN)/python -m searchr1.transfer results/datasets
+	$(BIN)/python -m searchr1.transfer results/datasets --against results/cpu_main_$(BASE_DTYPE)_s0 --readme README.md
 
 results-clean:
 	rm -rf $(REF) $(RET) $(ALG) $(MIX)

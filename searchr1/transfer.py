@@ -6,6 +6,8 @@ Reads only exported runs (searchr1.rundir.export): a training run's `predictions
 and `predictions_<set>.jsonl`, tied to the training run its checkpoint came from.
 
     python -m searchr1.transfer results --readme README.md   # the table, and the README's block
+    python -m searchr1.transfer results/datasets --against results/cpu_main_float32_s0 --readme README.md
+                                          # each run's table, then its last evaluations paired with another run's
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from searchr1.stats import paired_predictions, wilson
 from searchr1.study import _config
 
 BEGIN, END = "<!-- sets:begin (python -m searchr1.transfer results) -->\n", "<!-- sets:end -->"
+# the block of the training mix's comparison (`--against`)
+MIX_BEGIN = "<!-- mix:begin (python -m searchr1.transfer results/datasets --against results/cpu_main_float32_s0) -->\n"
+MIX_END = "<!-- mix:end -->"
 TITLES = {"hotpotqa": "HotpotQA", "2wiki": "2WikiMultihopQA", "musique": "MuSiQue-Ans", "nq": "NQ-open"}
 
 
@@ -83,18 +88,57 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(head) + "\n"
 
 
+def against(root: str | Path, other: str | Path) -> list[dict]:
+    """Each training run under `root` against the training run `other`, set by set, at their last evaluations:
+    the same questions, so a paired test (two recipes' end checkpoints, e.g. a training mix against HotpotQA
+    alone)."""
+    other, out = Path(other), []
+    for row in rows(root):
+        files, theirs = _files(Path(root) / row["run"], row["set"]), _files(other, row["set"])
+        if not theirs:
+            continue
+        mine, base = read_predictions(files[-1]), read_predictions(theirs[-1])
+        r = paired_predictions(base, mine)
+        out.append({"run": row["run"], "set": row["set"], "other": other.name, "other_end": _em(base),
+                    "end": row["end"], "only_other": r.only_a, "only_run": r.only_b, "p": r.p_value,
+                    "f1": (_f1(base), _f1(mine)), "own": f"{row['start']} -> {row['end'].split(' ')[0]}, "
+                                                       f"{row['gained']} / {row['lost']}, p = {row['p']:.2g}"})
+    return out
+
+
+def markdown_against(table: list[dict]) -> str:
+    head = ["| run | set | its own gain (start -> end, gained / lost, p) | its end | the other run's end | "
+            "only the other / only this run | exact McNemar p | F1, other -> this |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        head.append(f"| `{r['run']}` vs `{r['other']}` | {TITLES.get(r['set'], r['set'])} | {r['own']} | {r['end']} | "
+                    f"{r['other_end']} | {r['only_other']} / {r['only_run']} | {r['p']:.2g} | "
+                    f"{r['f1'][0]:.3f} -> {r['f1'][1]:.3f} |")
+    return "\n".join(head) + "\n"
+
+
+def replace_block(path: str | Path, begin: str, end: str, text: str) -> None:
+    readme = Path(path).read_text()
+    if begin not in readme or end not in readme:
+        raise SystemExit(f"{path}: no block ({begin.strip()} ... {end}) to replace")
+    head, rest = readme.split(begin, 1)
+    Path(path).write_text(head + begin + text + end + rest.split(end, 1)[1])
+
+
 def _cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m searchr1.transfer", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="the folder of exported runs (results/)")
-    ap.add_argument("--readme", help=f"also replace the table between {BEGIN.strip()} and {END} in this file")
+    ap.add_argument("--readme", help=f"also replace the table between {BEGIN.strip()} and {END} in this file "
+                                     "(with --against, the mix block's)")
+    ap.add_argument("--against", help="a training run whose last evaluations each run's are paired with")
     args = ap.parse_args(argv)
-    text = markdown(rows(args.root))
+    if args.against:
+        text = markdown_against(against(args.root, args.against))
+        begin, end = MIX_BEGIN, MIX_END
+    else:
+        text, begin, end = markdown(rows(args.root)), BEGIN, END
     if args.readme:
-        readme = Path(args.readme).read_text()
-        if BEGIN not in readme or END not in readme:
-            raise SystemExit(f"{args.readme}: no sets block ({BEGIN.strip()} ... {END}) to replace")
-        head, rest = readme.split(BEGIN, 1)
-        Path(args.readme).write_text(head + BEGIN + text + END + rest.split(END, 1)[1])
+        replace_block(args.readme, begin, end, text)
     print(text, end="")
     return 0
 

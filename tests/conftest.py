@@ -10,6 +10,13 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# Modules whose tests build vLLM engines (in this process or in their runs' rollout ranks). Two vLLM-CPU engines
+# at once on 2 cores each bind their OpenMP threads to every core and spin against each other (a run beside
+# another took 20+ minutes), so under `make test`'s workers these modules share one worker, one at a time.
+VLLM_MODULES = {"test_engines", "test_transport", "test_golden"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -17,6 +24,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+        # --dist loadgroup: a module's tests stay on one worker, so its module fixtures run once
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group("vllm" if module in VLLM_MODULES else module))
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +51,7 @@ def pytest_unconfigure(config):
     at interpreter exit by destroying a process group that is gone, and their threads then abort the interpreter
     (SIGABRT, exit 134) after every test has passed."""
     status = getattr(config, "_searchr1_exitstatus", None)
-    if status is not None:
+    if status is not None and not hasattr(config, "workerinput"):  # a worker's exit is pytest-xdist's to make
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -58,3 +58,26 @@ def test_an_evaluation_runs_export_keeps_every_sets_predictions(tmp_path):
     _preds(run / "predictions_nq.jsonl", [True] + [False] * 9)
     dest = export(run, tmp_path / "cpu_end_nosearch")
     assert (dest / "predictions_nq.jsonl").read_text() == (run / "predictions_nq.jsonl").read_text()
+
+
+def test_a_runs_last_evaluations_are_paired_with_another_runs_set_by_set(tmp_path):
+    from searchr1.transfer import against, markdown_against
+
+    def run(folder: Path, name: str, hot: list[bool], nq: list[bool]) -> Path:
+        (folder / "predictions" / "nq").mkdir(parents=True)
+        (folder / "config.yaml").write_text(config_yaml(compose_config(["+experiment=search_r1_cpu",
+                                                                        f"run_name={name}", SETS])))
+        _preds(folder / "predictions" / "step_000006.jsonl", [False] * 10)
+        _preds(folder / "predictions" / "step_000021.jsonl", hot)
+        _preds(folder / "predictions" / "nq" / "step_000006.jsonl", [False] * 10)
+        _preds(folder / "predictions" / "nq" / "step_000021.jsonl", nq)
+        return folder
+
+    base = run(tmp_path / "cpu_main_s0", "main_s0", [True] * 3 + [False] * 7, [True] * 2 + [False] * 8)
+    run(tmp_path / "mix" / "cpu_mix_s0", "mix_s0", [False] * 2 + [True] * 2 + [False] * 6, [True] * 8 + [False] * 2)
+    hot, nq = against(tmp_path / "mix", base)
+    # HotpotQA: the base run alone has q0, q1; both have q2; the mix alone has q3
+    assert (hot["set"], hot["only_other"], hot["only_run"], hot["p"]) == ("hotpotqa", 2, 1, 1.0)
+    assert (nq["only_other"], nq["only_run"]) == (0, 6) and nq["p"] == 0.03125
+    assert nq["own"] == "0/10 (0.0%, 0.0-27.8) -> 8/10, 8 / 0, p = 0.0078"
+    assert "| `cpu_mix_s0` vs `cpu_main_s0` | NQ-open |" in markdown_against([hot, nq])

@@ -81,3 +81,12 @@ def test_a_runs_last_evaluations_are_paired_with_another_runs_set_by_set(tmp_pat
     assert (nq["only_other"], nq["only_run"]) == (0, 6) and nq["p"] == 0.03125
     assert nq["own"] == "0/10 (0.0%, 0.0-27.8) -> 8/10, 8 / 0, p = 0.0078"
     assert "| `cpu_mix_s0` vs `cpu_main_s0` | NQ-open |" in markdown_against([hot, nq])
+
+
+def test_the_readme_shows_the_mix_table_the_committed_results_give():
+    from searchr1.transfer import MIX_BEGIN, MIX_END, against, markdown_against
+
+    readme = (ROOT / "README.md").read_text()
+    assert MIX_BEGIN in readme and MIX_END in readme, "README.md lacks the mix block"
+    assert readme.split(MIX_BEGIN, 1)[1].split(MIX_END, 1)[0] == markdown_against(
+        against(ROOT / "results" / "datasets", ROOT / "results" / "cpu_main_float32_s0"))

@@ -126,6 +126,37 @@ def production_model(sync: dict, runs: dict) -> dict:
     return out
 
 
+def machine_model(sync_run: Path, results: dict) -> dict:
+    """The production model's rule applied to this machine's shape (1 trainer + 1 rollout rank, a core each) and
+    fed by sync's own steps, beside what the overlapping runs measured: the check of the projection. Two forms:
+    from the mean phases (as the production model is fed), and step by step (each step takes the longer of its
+    two phases; the first has nothing to overlap)."""
+    recs = [r for r in K.read_metrics(sync_run / "metrics.jsonl") if r[K.KIND] == K.TRAIN and r.get("stage") != "sft"]
+    gen = [r.get("time/rollout/rollout_s", 0.0) + r.get("time/rollout/sync_s", 0.0) for r in recs]
+    train = [r.get("time/trainer/train_s", 0.0) + r.get("time/trainer/sync_s", 0.0) for r in recs]
+    busy = sum(gen) + sum(train)
+    g, t = sum(gen) / len(gen), sum(train) / len(train)
+    step_mean = max(g, t)
+    steps = [gen[0] + train[0]] + [max(a, b) for a, b in zip(gen[1:], train[1:])]
+    step_each = sum(steps) / len(steps)
+    out = {"assumptions": "1 trainer + 1 rollout rank on a core each; a synchronous step is generation + training "
+                          "(+ their weight transfer); an overlapping one the longer of the two; fed by sync's "
+                          "measured phases", "phase_s": {"generation": g, "training": t},
+           "predicted": {"sync": {"step_s": g + t, "useful_work_fraction": 0.5},
+                         "overlapped_from_means": {"step_s": step_mean, "useful_work_fraction": (g + t) / (2 * step_mean),
+                                                   "speedup": (g + t) / step_mean},
+                         "overlapped_step_by_step": {"step_s": step_each,
+                                                     "useful_work_fraction": busy / (2 * sum(steps)),
+                                                     "speedup": (g + t) / step_each}},
+           "measured": {}}
+    for name, r in results.items():
+        if r.get("steps"):
+            out["measured"][name] = {"step_s": 3600 / r["steps_per_hour"],
+                                     "useful_work_fraction": r["useful_work_fraction"],
+                                     "speedup": r.get("speedup_steps_per_hour", 1.0)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
@@ -139,8 +170,17 @@ def main() -> int:
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "schedules"))
     ap.add_argument("--stamp", help="the runs of an earlier bench (their folder suffix): completed ones are reused")
     ap.add_argument("--out", default=str(ROOT / "results"))
+    ap.add_argument("--model-only", action="store_true",
+                    help="recompute the machine model into the existing schedules.json from its exported sync run")
     args = ap.parse_args()
     run_root, out = Path(args.run_root), Path(args.out)
+    if args.model_only:
+        path = out / "bench" / "schedules.json"
+        report = json.loads(path.read_text())
+        report["machine_model"] = machine_model(out / "schedules" / "sync", report["runs"])
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report["machine_model"], indent=1))
+        return 0
     stamp = args.stamp or time.strftime("%Y%m%d-%H%M%S")
     evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}"]
     modes = args.modes.split(",")
@@ -182,7 +222,8 @@ def main() -> int:
                                   "train": sum(r.get("time/trainer/train_s", 0.0) for r in recs) / len(recs)}
     report = {"steps": args.steps, "start_model": str(ckpt), "equal_steps_only": args.equal_steps,
               "seconds_per_sync_step": sync_step, "runs": results,
-              "production_model": production_model(results["sync"], [m for m in MODES if m in modes])}
+              "production_model": production_model(results["sync"], [m for m in MODES if m in modes]),
+              "machine_model": machine_model(sync, results)}
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "schedules.json").write_text(json.dumps(report, indent=1) + "\n")
     from searchr1.rundir import export

@@ -110,3 +110,26 @@ def test_retrieval_single_query_section_runs_every_installed_peer(tmp_path):
             assert e["qps"] > 0 and e["p99_ms"] >= e["p50_ms"] > 0
             if name != "ours":
                 assert 0 <= e["agreement"]["mean_topk_overlap"] <= 1 and e["ours_qps_ratio"] > 0
+
+
+def test_the_schedules_machine_model_by_hand(tmp_path):
+    """Three sync steps with phases (generation, training) of (10, 4), (6, 8), (10, 4) s: from the means an
+    overlapped step takes max(8.67, 5.33) = 8.67 s; step by step 14 + 8 + 10 = 32 s over 3 steps (the first
+    overlaps nothing)."""
+    from searchr1 import metrics as K
+
+    run = tmp_path / "sync"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as f:
+        for step, (g, t) in enumerate([(10, 4), (6, 8), (10, 4)], 1):
+            f.write(json.dumps({K.KIND: K.TRAIN, K.STEP: step, "stage": "rl", "time/rollout/rollout_s": g,
+                                "time/trainer/train_s": t}) + "\n")
+    model = _bench("schedules").machine_model(run, {"sync": {"steps": 3, "steps_per_hour": 3600 / 14,
+                                                             "useful_work_fraction": 0.5}})
+    p = model["predicted"]
+    assert p["sync"]["step_s"] == pytest.approx(14.0)
+    assert p["overlapped_from_means"]["step_s"] == pytest.approx(26 / 3)
+    assert p["overlapped_from_means"]["speedup"] == pytest.approx(14 / (26 / 3))
+    assert p["overlapped_step_by_step"]["step_s"] == pytest.approx(32 / 3)
+    assert p["overlapped_step_by_step"]["useful_work_fraction"] == pytest.approx(42 / 64)
+    assert model["measured"]["sync"]["step_s"] == pytest.approx(14.0)

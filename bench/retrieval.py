@@ -344,7 +344,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="single-query section: rounds per (k, threads)")
     ap.add_argument("--ref-queries", type=int, default=0, help="at most this many rank_bm25 queries per corpus")
     ap.add_argument("--batch-runs", default="", help="only these runs of the batch section (comma-separated names)")
+    ap.add_argument("--table", metavar="JSON", help="print the README's single-query table of a written JSON")
     args = ap.parse_args()
+    if args.table:
+        print(retrieval_peers.single_query_table(json.loads(Path(args.table).read_text())), end="")
+        return
     if args.child:
         spec = json.loads(args.child)
         res = single_query_child(spec) if spec.get("single") else child(spec)

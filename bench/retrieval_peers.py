@@ -162,3 +162,51 @@ def build_all(passages, index, index_path: str, build_s: float, retrieval, cfg, 
         else:
             engines.append(e)
     return engines, skipped
+
+
+TITLES = {"pisa": "PISA (pyterrier-pisa, block-max WAND)", "tantivy": "tantivy 0.27", "bm25s": "bm25s numba (same matrix)"}
+
+
+def single_query_table(report: dict) -> str:
+    """The README's table of the single-query section of a retrieval.json: per corpus and k, each engine's q/s
+    with 1 caller / 2 callers (in brackets ours / theirs, bold where ours is slower), p50 with 1 caller; then
+    build seconds and index size, and each peer's top-k overlap with the exact answer."""
+    corpora = [c for c in report["corpora"] if "single_query" in c]
+    peers = [n for n in corpora[0]["single_query"]["engines"] if n != "ours"]
+    head = ["| corpus, k | ours (exact) | " + " | ".join(TITLES.get(p, p) for p in peers) + " |",
+            "|---|---|" + "---|" * len(peers)]
+
+    def size(c):
+        n = c["single_query"]["passages"]
+        return "shipped" if c["requested_passages"] == "shipped" else f"{n // 1000}k" if n < 10**6 else f"{n // 10**6}M"
+
+    def ratio(x):
+        return f"**{x:.2f}x**" if x < 1 else f"{x:.2f}x" if x < 10 else f"{x:.0f}x"
+
+    for c in corpora:
+        rows = c["single_query"]["rows"]
+        for k in sorted({r["k"] for r in rows}):
+            one, two = [next(r for r in rows if r["k"] == k and r["threads"] == t)["engines"] for t in (1, 2)]
+            cells = [f"{one['ours']['qps']:,.0f} / {two['ours']['qps']:,.0f}, p50 {one['ours']['p50_ms']:.2f} ms"]
+            for p in peers:
+                cells.append(f"{one[p]['qps']:,.0f} ({ratio(one[p]['ours_qps_ratio'])}) / {two[p]['qps']:,.0f} "
+                             f"({ratio(two[p]['ours_qps_ratio'])}), {one[p]['p50_ms']:.2f} ms")
+            head.append(f"| {size(c)}, top-{k} | " + " | ".join(cells) + " |")
+    builds = "; ".join(size(c) for c in corpora)
+    cells = []
+    for name in ["ours"] + peers:
+        es = [c["single_query"]["engines"][name] for c in corpora]
+        cells.append("ours (it reads our saved matrix)" if name == "bm25s" else
+                     "; ".join(f"{e['build_s']:.1f} / {e['index_bytes'] / 1e6:.0f}" for e in es))
+    head.append(f"| build s / index MB ({builds}) | " + " | ".join(cells) + " |")
+    cells = ["all, bit for bit"]
+    for p in peers:
+        per = []
+        for c in corpora:
+            rows = c["single_query"]["rows"]
+            per.append(" / ".join(f"{next(r for r in rows if r['k'] == k and r['threads'] == 1)['engines'][p]['agreement']['mean_topk_overlap']:.2f}"
+                                  for k in sorted({r["k"] for r in rows})))
+        cells.append("; ".join(per))
+    ks = " / ".join(str(k) for k in sorted({r["k"] for r in corpora[0]["single_query"]["rows"]}))
+    head.append(f"| top-k ids shared with the exact answer, k {ks} ({builds}) | " + " | ".join(cells) + " |")
+    return "\n".join(head) + "\n"

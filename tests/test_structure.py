@@ -1,8 +1,13 @@
-"""The package's shape: no import cycle among searchr1's modules, no file past the size a role should have."""
+"""The package's shape: no import cycle among searchr1's modules, no file past the size a role should have; and
+the suite's own scheduling."""
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "searchr1"
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "searchr1"
 MAX_LINES = 400
 
 
@@ -62,3 +67,26 @@ def test_no_module_past_the_size_of_one_role():
     big = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, big
+
+
+def test_the_suites_groups_share_a_worker(tmp_path):
+    """`make test`'s scheduler (tests/conftest.py) keeps a group's modules on one worker: two modules put in one
+    group run in the same worker, whichever is free. (pytest-xdist's own `xdist_group` marks did nothing under
+    pytest 9, silently; this fails if the scheduler is bypassed the same way.)"""
+    (tmp_path / "conftest.py").write_text(
+        "import tests.conftest as suite\n"
+        "suite.GROUPS.update({'test_x': 'together', 'test_y': 'together'})\n"
+        "pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler\n")
+    for name in ("test_x", "test_y", "test_z"):
+        (tmp_path / f"{name}.py").write_text(
+            "import os, pathlib, time\n"
+            "def test_where():\n"
+            "    time.sleep(0.5)\n"
+            f"    pathlib.Path(r'{tmp_path}', '{name}.worker').write_text(os.environ['PYTEST_XDIST_WORKER'])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-p",
+                        "no:cacheprovider", "-c", "/dev/null", "--rootdir", str(tmp_path), str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    x, y = ((tmp_path / f"{n}.worker").read_text() for n in ("test_x", "test_y"))
+    assert x == y, (x, y)

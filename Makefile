@@ -36,7 +36,7 @@ demo: install
 # cores busy; conftest.py keeps each module on one worker and every vLLM module on the same one.
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The retrieval peers (PISA, tantivy) are the `bench` extra, installed here only: the suite does not need them.
 bench: install

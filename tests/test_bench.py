@@ -62,8 +62,11 @@ def test_every_project_name_a_bench_imports_exists(path):
     assert not missing, "\n".join(missing)
 
 
-def test_cpu_profile_classes_and_turns():
-    """The profile bench's pieces (its full run loads the real model: minutes, so it is not run here)."""
+def test_cpu_profile_classes_and_turns(monkeypatch):
+    """The profile bench's pieces (its full run loads the real model: minutes, so it is not run here). The
+    profiler asks torch.distributed for its backend whenever a default group is set; in `make test`'s workers an
+    earlier module's in-process engine may have left vLLM's own world there (the bench runs in a process of its
+    own), so this test profiles as that process would, without one."""
     import torch
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
@@ -74,6 +77,7 @@ def test_cpu_profile_classes_and_turns():
         ["matmul", "matmul", "attention", "attention", "other"]
     assert bench.last_turn([1, 1, 0, 0, 1, 1, 0, 1, 1]) == 7 and bench.last_turn([1, 1]) == 0
     a, w = torch.randn(256, 64), torch.randn(128, 64)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         for _ in range(5):
             F.linear(a, w).relu()

@@ -255,7 +255,8 @@ def okapi_case(shipped):
 
 
 @pytest.mark.parametrize("check_len", [1, 10**9])  # a checkpoint before every list / never: pruning on, off
-def test_top_k_exact_is_rank_bm25_with_and_without_pruning(okapi_case, check_len):
+@pytest.mark.parametrize("probes", [1, 64])  # theta from the k-th of k probes, or of 64: a bound, never the answer
+def test_top_k_exact_is_rank_bm25_with_and_without_pruning(okapi_case, check_len, probes):
     passages, cfg, queries, toks, scores = okapi_case
     ix, arrays = _kernel_index(passages, cfg)
     ids = [[ix.vocab.get(w, -1) for w in t] for t in toks]
@@ -263,7 +264,7 @@ def test_top_k_exact_is_rank_bm25_with_and_without_pruning(okapi_case, check_len
     q_ids = np.array([t for x in ids for t in x] or [0])
     ws = bm25_topk.Workspace()  # one scratch for every call, as a rollout's thread keeps it
     for k in (1, 3, 7, 1000):
-        pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, *arrays, k, 0, check_len, 8, 4, ws=ws)
+        pid_qk, score_qk = bm25_topk.top_k_exact(q_ptr, q_ids, *arrays, k, 0, check_len, 8, 4, ws=ws, probes=probes)
         for i, sc in enumerate(scores):
             want = [int(j) for j in np.lexsort((np.arange(len(sc)), -sc))[:k] if sc[j] > 0]
             got = [int(p) for p in pid_qk[i] if p >= 0]
@@ -271,6 +272,6 @@ def test_top_k_exact_is_rank_bm25_with_and_without_pruning(okapi_case, check_len
             assert score_qk[i, :len(got)].tolist() == [sc[j] for j in want], queries[i]  # bit for bit
             if k == 3:  # the same query alone, after every other query has dirtied and cleaned the scratch
                 one = bm25_topk.top_k_exact(q_ptr[i:i + 2] - q_ptr[i], q_ids[q_ptr[i]:q_ptr[i + 1]], *arrays, k, 0,
-                                            check_len, 8, 4, ws=ws)
+                                            check_len, 8, 4, ws=ws, probes=probes)
                 assert one[0][0].tolist() == pid_qk[i].tolist() and one[1][0].tolist() == score_qk[i].tolist()
         assert not ws.acc.any()

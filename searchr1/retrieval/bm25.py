@@ -81,12 +81,6 @@ class BM25Index(Index):
         """A query's words as the index sees them: tokenized, cut at max_query_words."""
         return tokenize(query, self.cfg.bm25.stopwords)[: self.cfg.bm25.max_query_words]
 
-    def top_k_text(self, queries, k):
-        return self._top_k([self.words(q) for q in queries], k)
-
-    def _top_k(self, tokens: list[list[str]], k: int) -> list[list[tuple[int, float]]]:
-        raise NotImplementedError
-
 
 class RankBM25Index(BM25Index):
     backend = "rank_bm25"
@@ -103,9 +97,9 @@ class RankBM25Index(BM25Index):
         corpus = [[sys.intern(w) for w in tokenize(doc_text(p), cfg.bm25.stopwords)] for p in passages]
         return cls(passages, cfg, BM25Okapi(corpus, k1=cfg.bm25.k1, b=cfg.bm25.b, epsilon=cfg.bm25.epsilon))
 
-    def _top_k(self, tokens, k):
+    def top_k_text(self, queries, k):
         pids = np.arange(len(self.passages))
-        return [rank(pids, self.okapi.get_scores(q), k) if q else [] for q in tokens]
+        return [rank(pids, self.okapi.get_scores(w), k) if w else [] for w in map(self.words, queries)]
 
     def save(self, path):
         with open(os.path.join(path, "rank_bm25.pkl"), "wb") as f:

@@ -48,7 +48,8 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
     # every worker collects the same order; the scheduler hands out groups in it
-    items.sort(key=lambda item: FIRST.index(group_of(item.nodeid)) if group_of(item.nodeid) in FIRST else len(FIRST))
+    rank = {g: i for i, g in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(FIRST)))
 
 
 @pytest.fixture(scope="session")

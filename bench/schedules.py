@@ -8,6 +8,8 @@ step, on the local placement that gives the trainer and the rollout a core each 
     pipelined_k1              rollouts one version behind
     pipelined_k2_ratio        two behind, PPO's ratio against the behaviour policy (no correction)
     pipelined_k2_decoupled    two behind, AReaL's decoupled objective with a truncated importance weight
+    pipelined_k4_decoupled    four behind, the same objective (where exact match starts to fall, if it does)
+    pipelined_k8_decoupled    eight behind, the same objective
     streaming_k2              continuous generation, weights taken between turns, admission bound 2
 
 The sync run does `--steps` RL steps; the others run for as long as sync took (`--steps` x the sync seconds
@@ -41,16 +43,24 @@ MODES = {
     "pipelined_k1": ["schedule=pipelined", "schedule.max_lag=1"],
     "pipelined_k2_ratio": ["schedule=pipelined", "schedule.max_lag=2", "algo.off_policy=ratio"],
     "pipelined_k2_decoupled": ["schedule=pipelined", "schedule.max_lag=2", "algo.off_policy=decoupled"],
+    "pipelined_k4_decoupled": ["schedule=pipelined", "schedule.max_lag=4", "algo.off_policy=decoupled"],
+    "pipelined_k8_decoupled": ["schedule=pipelined", "schedule.max_lag=8", "algo.off_policy=decoupled"],
     "streaming_k2": ["schedule=streaming", "schedule.max_lag=2", "algo.off_policy=decoupled"],
 }
-PLACEMENT = ["cluster.trainer_ranks=1", "cluster.rollout_ranks=1", "cluster.placement=split"]
+PLACEMENTS = {
+    # a core each, as separate GPUs would: overlap hides the shorter phase behind the longer one at best
+    "split": ["cluster.trainer_ranks=1", "cluster.rollout_ranks=1", "cluster.placement=split"],
+    # the CPU experiment's own (2 trainer + 2 rollout ranks, one of each on every core): when both phases run
+    # at once the OS shares each core between them, so an idle role's core time goes to the other
+    "alternate": ["cluster.placement=alternate"],
+}
 EVAL_S = "time/rollout/eval_s"
 SEED_STEP_S = 24.3  # the seed's seconds per step, 2 trainer + 14 rollout GPUs, Qwen2.5-3B (synchronous)
 
 
-def launch(run_root: Path, name: str, *overrides: str) -> Path:
+def launch(run_root: Path, name: str, *overrides: str, placement: str = "split") -> Path:
     cmd = [sys.executable, "launch.py", "+experiment=search_r1_cpu", f"run_root={run_root}", f"run_name={name}",
-           *PLACEMENT, *overrides]
+           *PLACEMENTS[placement], *overrides]
     run = run_root / name
     status = run / "status.json"
     if status.exists() and json.loads(status.read_text()).get("state") == "COMPLETED":
@@ -170,6 +180,8 @@ def main() -> int:
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "schedules"))
     ap.add_argument("--stamp", help="the runs of an earlier bench (their folder suffix): completed ones are reused")
     ap.add_argument("--out", default=str(ROOT / "results"))
+    ap.add_argument("--placement", choices=list(PLACEMENTS), default="split",
+                    help="split writes bench/schedules.json; another writes bench/schedules_<placement>.json")
     ap.add_argument("--model-only", action="store_true",
                     help="recompute the machine model into the existing schedules.json from its exported sync run")
     args = ap.parse_args()
@@ -190,12 +202,13 @@ def main() -> int:
     if args.warm:
         ckpt = Path(args.warm)
     else:
-        warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals, "eval_before=false")
+        warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals, "eval_before=false", placement=args.placement)
         ckpt = sorted((warm / "checkpoints").glob("step_*"))[-1] / "model"
     start = ["warm_start.steps=0", "model.source=hub", f"model.path={ckpt}", "model.name=warm"]
     results, runs = {}, {}
     # the start model's evaluation is the same greedy run in every mode: sync's alone makes it
-    sync = launch(run_root, f"sync-{stamp}", f"steps={args.steps}", *start, *evals, "eval_before=true")
+    sync = launch(run_root, f"sync-{stamp}", f"steps={args.steps}", *start, *evals, "eval_before=true",
+                  placement=args.placement)
     runs["sync"] = sync
     results["sync"] = summarize(sync, None)
     sync_step = results["sync"]["rl_wall_s"] / results["sync"]["steps"]
@@ -205,7 +218,7 @@ def main() -> int:
         # past sync's wall time at the speedup hoped for; equal steps read step N
         steps = args.steps if args.equal_steps else math.ceil(args.steps * 1.8)
         runs[name] = launch(run_root, f"{name}-{stamp}", f"steps={steps}", *start, *evals, "eval_before=false",
-                            *extra)
+                            *extra, placement=args.placement)
         results[name] = summarize(runs[name], results["sync"]["rl_wall_s"])
         results[name]["speedup_steps_per_hour"] = results[name]["steps_per_hour"] / results["sync"]["steps_per_hour"]
     # equal steps: the evaluation at step N of every run against sync's, question by question
@@ -220,16 +233,18 @@ def main() -> int:
     recs = [r for r in K.read_metrics(sync / "metrics.jsonl") if r[K.KIND] == K.TRAIN and r.get("stage") != "sft"]
     results["sync"]["phase_s"] = {"rollout": sum(r.get("time/rollout/rollout_s", 0.0) for r in recs) / len(recs),
                                   "train": sum(r.get("time/trainer/train_s", 0.0) for r in recs) / len(recs)}
-    report = {"steps": args.steps, "start_model": str(ckpt), "equal_steps_only": args.equal_steps,
+    report = {"steps": args.steps, "placement": args.placement, "overrides": PLACEMENTS[args.placement],
+              "start_model": str(ckpt), "equal_steps_only": args.equal_steps,
               "seconds_per_sync_step": sync_step, "runs": results,
               "production_model": production_model(results["sync"], [m for m in MODES if m in modes]),
               "machine_model": machine_model(sync, results)}
+    suffix = "" if args.placement == "split" else f"_{args.placement}"
     (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "schedules.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "bench" / f"schedules{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
     from searchr1.rundir import export
 
     for name, run in runs.items():
-        export(run, out / "schedules" / name)
+        export(run, out / f"schedules{suffix}" / name)
     print(json.dumps({n: {k: r.get(k) for k in ("steps_per_hour", "useful_work_fraction")} for n, r in results.items()},
                      indent=1))
     return 0

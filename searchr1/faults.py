@@ -7,10 +7,12 @@ Each rule: `rank` (a global rank, or `workerN` for elastic rollout worker slot N
 unit is generated; train: before an optimizer step; eval: before a held-out evaluation; publish: before
 weights are published), optional `step` (0-based step, or the weights version for eval), optional `times`
 (how often the rule may fire in one process; default 1), optional `once=PATH` (fire only if PATH does not
-exist, and create it: once across restarts of a process), and `do`: sleep:SECONDS (slow but alive: the
+exist, and create it: once across restarts of a process), optional `after=PATH` (fire only once PATH exists: in a
+process restarted after a `once` rule fired, say), and `do`: sleep:SECONDS (slow but alive: the
 heartbeat thread keeps beating), exit:CODE, kill (SIGKILL itself), stop (SIGSTOP itself: alive to the OS,
 silent to the job), lr:FACTOR (point=train: the learning rate multiplied from this step on, an injected collapse;
-give it to every trainer rank, or the replicas part).
+give it to every trainer rank, or the replicas part), wait:PATH (held, alive, until PATH exists) and touch:PATH
+(create PATH): with the two, a test orders events across processes by what happened, never by a guess of time.
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ def hit(point: str, who: int | str, step: int) -> float | None:
             continue
         if _fired.get(i, 0) >= int(rule.get("times", 1)):
             continue
+        if "after" in rule and not os.path.exists(rule["after"]):
+            continue
         if "once" in rule:
             if os.path.exists(rule["once"]):
                 continue
@@ -63,6 +67,11 @@ def hit(point: str, who: int | str, step: int) -> float | None:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif action == "lr":
             factor = float(arg)
+        elif action == "wait":
+            while not os.path.exists(arg):
+                time.sleep(0.05)
+        elif action == "touch":
+            open(arg, "a").close()
         else:
             raise ValueError(f"{ENV} rule {i}: unknown action {rule['do']!r}")
     return factor

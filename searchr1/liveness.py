@@ -8,7 +8,9 @@
   for it fails at once, naming it.
 - `Liveness.wait` waits for keys on the store in short slices and between slices checks the members it waits
   for. It never guesses how long work takes, so no wait can fail because a machine is busy.
-- A stop request (a signal, `StopFlag`) is seen between slices too: a wait never outlasts the wish to stop.
+- A stop request (a signal, `StopFlag`) is seen between slices too: a stoppable wait never outlasts the wish to
+  stop, and a wait that may not end on it (one whose producer is committed to a collective this member must
+  join) still makes it the job's stop (`STOP_KEY`), for trainer 0 to act on.
 
 Times are measured on the waiter's own monotonic clock (counters, not timestamps, travel), so clock skew
 between hosts cannot make a live member look dead.
@@ -120,6 +122,7 @@ class Liveness:
     def __init__(self, store, timeout_s: float, describe: Callable[[str], str] = str, stop: StopFlag = STOP):
         self.store, self.timeout_s, self.describe, self.stop = store, timeout_s, describe, stop
         self._seen: dict[str, tuple[int, float]] = {}  # member -> (last counter, when it last changed)
+        self._spread = False  # this member's own stop request is on the store
 
     def silent_for(self, member: str) -> float:
         """Seconds since `member`'s heartbeat last moved (0 on first sight: a member gets a full timeout)."""
@@ -132,9 +135,14 @@ class Liveness:
 
     def check(self, members: Iterable[str], stoppable: bool = True) -> None:
         """Raise MemberLost if any of `members` failed or fell silent; StopRequested if a stop was asked
-        (and `stoppable`)."""
-        if stoppable and self.stop:
-            raise StopRequested(self.stop.reason)
+        (and `stoppable`). A stop that may not end this wait is put on the store, so that trainer 0 decides it."""
+        if self.stop:
+            if stoppable:
+                raise StopRequested(self.stop.reason)
+            if not self._spread:
+                spread_stop(self.store, self.stop.reason)
+                self._spread = True
+                log.info("stop requested (%s) in a wait that must go on: passed on to the job", self.stop.reason)
         if stoppable and self.store.check([STOP_KEY]):  # a stop that reached another member reaches us too
             raise StopRequested(self.store.get(STOP_KEY).decode(errors="replace"))
         members = list(members)

@@ -9,7 +9,10 @@ clean clone on a CPU kind nobody recorded is still guarded. Everything discrete 
 answers, searches, tokens, the prediction files); floats within stated tolerances (PORTABLE_TOL), which are ten
 times what this machine's AVX2 kernels and the portable ones differ by on the same run (the loss 7e-8 relative,
 one bf16 element of 179k changed in a step) and a tenth of what a learning rate off by a thousandth moves
-(grad_norm 3e-6 relative, sync/changed by 136-207 elements a step).
+(grad_norm 3e-6 relative, sync/changed by 136-207 elements a step). Held to one code path, the recording still
+differs on an AMX Xeon in the last bits of the fp32 master weights: each tensor's sum by up to 1.5e-10 of its L1
+norm (the tied embedding's by 1.8e-6 in 63.4, past an absolute bound of 1e-7 that CI once held it to), so a
+tensor's sum is held to ten times that relative to its L1 norm; lr x 1.001 exceeds it in 14 of 20 tensors.
 
 Float results in bf16 depend on the CPU's instruction set (a bf16 product on avx512_bf16 is not the one on AVX2
 or on AMX), so the bf16 goldens are per machine kind, `golden/NAME/KIND.json`, recorded from the same code on that
@@ -51,7 +54,8 @@ RUNS = {
 
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 FLOAT_KEYS = {"train/loss", "train/grad_norm", "train/entropy", "train/approx_kl", "train/clip_frac"}
-PORTABLE_TOL = {"rel": 1e-6, "abs": 1e-12, "sync/changed": 16, "sync/bytes": 64, "weight_sums": 1e-7}
+# weight_sums: a tensor's |sum - recorded sum|, as a share of its L1 norm (sum of |w|) in this run
+PORTABLE_TOL = {"rel": 1e-6, "abs": 1e-12, "sync/changed": 16, "sync/bytes": 64, "weight_sums": 1.5e-9}
 
 
 def fingerprint() -> dict:
@@ -86,14 +90,16 @@ def signature(run: Path) -> dict:
         lines = [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
         preds[p.name] = hashlib.sha256(json.dumps(lines, sort_keys=True).encode()).hexdigest()
     latest = (run / "checkpoints" / "latest").read_text().strip()
-    h, sums = hashlib.sha256(), {}
+    h, sums, abs_sums = hashlib.sha256(), {}, {}
     for f in sorted((run / "checkpoints" / latest / "model").glob("*.safetensors")):
         sd = load_file(str(f))
         for k in sorted(sd):
             h.update(k.encode())
             h.update(sd[k].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-            sums[k] = sd[k].double().sum().item()
-    return {"steps": steps, "predictions": preds, "weights": h.hexdigest(), "weight_sums": sums}
+            w = sd[k].double()
+            sums[k], abs_sums[k] = w.sum().item(), w.abs().sum().item()
+    return {"steps": steps, "predictions": preds, "weights": h.hexdigest(), "weight_sums": sums,
+            "weight_abs_sums": abs_sums}
 
 
 def portable_differences(want: dict, got: dict) -> list[str]:
@@ -116,10 +122,12 @@ def portable_differences(want: dict, got: dict) -> list[str]:
                 out.append(f"{key}: {k} {a!r} != {b!r}")
     if want["predictions"] != got["predictions"]:
         out.append(f"predictions differ: {sorted(k for k in want['predictions'] if want['predictions'][k] != got['predictions'].get(k))}")
-    ws, gs = want["weight_sums"], got["weight_sums"]
-    far = sorted(k for k in set(ws) | set(gs) if k not in ws or k not in gs or abs(ws[k] - gs[k]) > t["weight_sums"])
+    ws, gs, l1 = want["weight_sums"], got["weight_sums"], got["weight_abs_sums"]
+    far = sorted(k for k in set(ws) | set(gs)
+                 if k not in ws or k not in gs or abs(ws[k] - gs[k]) > t["weight_sums"] * l1[k])
     if far:
-        out.append(f"final weights differ beyond {t['weight_sums']} (sum per tensor) in {len(far)} tensors, e.g. {far[:3]}")
+        out.append(f"final weights differ beyond {t['weight_sums']} of a tensor's L1 norm (sum per tensor) in "
+                   f"{len(far)} tensors, e.g. {far[:3]}")
     return out
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,16 +37,19 @@ def test_without_faults_an_elastic_run_is_the_golden_run(tmp_path):
 
 
 def test_a_killed_worker_costs_its_unit_not_the_job_and_rejoins(tmp_path):
-    once = tmp_path / "fired"
-    # worker 1 dies holding a unit of step 3; the run lasts long enough for its restart to come back
-    kill = f"rank=worker1,point=rollout,step=2,do=kill,once={once};rank=worker0,point=rollout,do=sleep:1,times=1000"
-    r, run = launch(tmp_path, *ELASTIC, *FAST_LIVENESS, "steps=12", faults=kill)
+    once, back = tmp_path / "fired", tmp_path / "restarted_worker_claimed_a_unit"
+    # worker 1 dies holding a unit of step 3 (0-based 2); worker 0 holds its unit of step 4 until worker 1's
+    # restart has claimed a unit, so the restart comes back within the run by what happened, not by its length
+    kill = (f"rank=worker1,point=rollout,step=2,do=kill,once={once};"
+            f"rank=worker1,point=rollout,after={once},do=touch:{back};"
+            f"rank=worker0,point=rollout,step=3,do=wait:{back}")
+    r, run = launch(tmp_path, *ELASTIC, *FAST_LIVENESS, "steps=5", faults=kill)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert once.exists()  # the fault fired: worker 1 died holding a unit of step 3
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "COMPLETED" and status["restarts"][3] == 1
     train = train_records(run)
-    assert [x[K.STEP] for x in train] == list(range(1, 13))
+    assert [x[K.STEP] for x in train] == list(range(1, 6))
     assert all(x[K.TRAJECTORIES] == 4 for x in train)  # the configured batch every step: nothing lost
     assert sum(x["elastic/reissued"] for x in train) >= 1 and sum(x["elastic/lost"] for x in train) == 0
     # the restarted worker registered anew and joined from a full weights file, verified
@@ -63,27 +67,43 @@ def test_a_trainer_death_still_ends_the_job(tmp_path):
 
 
 def test_a_worker_added_mid_run_takes_work_and_leaves_with_the_run(tmp_path):
-    """One worker, four units per step; a second joins from another launch (`join=RUN_DIR`) and takes units."""
-    slow = "rank=worker0,point=rollout,do=sleep:0.5,times=1000"
-    env = dict(os.environ, SEARCHR1_FAULTS=slow)
+    """One worker, four units per step; a second joins from another launch (`join=RUN_DIR`) and takes units.
+    The run's worker holds its first unit of step 1 until the joined worker has claimed one (fault rules wait and
+    touch), so the join lands mid-run by what happened, not by how long the steps take."""
+    go = tmp_path / "joined_worker_claimed_a_unit"
     run_root = tmp_path / "runs"
     main = subprocess.Popen([sys.executable, "launch.py", "+experiment=smoke", f"run_root={run_root}", *ELASTIC,
-                             "cluster.rollout_ranks=1", "cluster.elastic.units_per_step=4", "steps=12",
-                             "algo.questions_per_step=4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    run = None
-    for line in main.stdout:
-        if line.startswith("run folder: "):
-            run = Path(line.split(": ", 1)[1].strip())
-        if " | reward " in line:  # the run is under way
-            break
-    join = subprocess.run([sys.executable, "launch.py", "+experiment=smoke", f"run_root={tmp_path / 'joins'}",
-                           *ELASTIC, f"join={run}", "cluster.rollout_ranks=1"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
-    rest = main.communicate(timeout=900)[0]
-    assert main.returncode == 0, rest[-3000:]
-    assert join.returncode == 0, join.stdout[-3000:] + join.stderr[-3000:]
+                             "cluster.rollout_ranks=1", "cluster.elastic.units_per_step=4", "steps=4",
+                             "algo.questions_per_step=4"], cwd=ROOT,
+                            env=dict(os.environ, SEARCHR1_FAULTS=f"rank=worker0,point=rollout,step=1,do=wait:{go}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    join = None
+    try:
+        run = None
+        for line in main.stdout:
+            if line.startswith("run folder: "):
+                run = Path(line.split(": ", 1)[1].strip())
+            if " | reward " in line:  # step 0 is done: the run's worker is now held at step 1
+                break
+        assert run is not None and main.poll() is None, "the run ended before its first step"
+        rest = []  # drained while the joiner runs: a full pipe would stall the run's launcher
+        drain = threading.Thread(target=lambda: rest.extend(main.stdout), daemon=True)
+        drain.start()
+        join = subprocess.Popen([sys.executable, "launch.py", "+experiment=smoke", f"run_root={tmp_path / 'joins'}",
+                                 *ELASTIC, f"join={run}", "cluster.rollout_ranks=1"], cwd=ROOT,
+                                env=dict(os.environ, SEARCHR1_FAULTS=f"rank=worker0,point=rollout,do=touch:{go}"),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        join_out = join.communicate(timeout=900)[0]  # it leaves with the run, or fails: the run cannot end first
+        main.wait(timeout=900)
+        drain.join(timeout=60)
+    finally:
+        for p in (main, join):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert join.returncode == 0, join_out[-3000:]
+    assert main.returncode == 0, "".join(rest)[-3000:]
+    assert go.exists()
     train = train_records(run)
-    assert len(train) == 12 and all(x[K.TRAJECTORIES] == 8 for x in train)
+    assert len(train) == 4 and all(x[K.TRAJECTORIES] == 8 for x in train)
     assert max(x["elastic/workers"] for x in train) == 2
     assert sum(x.get("elastic/units/w1", 0) for x in train) > 0  # the joined worker did work

@@ -2,7 +2,7 @@
 bf16 smoke run of this machine kind, exactly, where one is recorded; and a run that repeats itself exactly."""
 import pytest
 
-from golden import differences, portable_differences, recorded, run, signature
+from golden import ROOT, differences, portable_differences, recorded, run, signature
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +21,15 @@ def test_the_portable_golden_run_holds_on_this_cpu(portable, tmp_path):
 
 def test_a_run_repeats_itself_exactly(portable, tmp_path):
     assert differences(portable, signature(run("portable", tmp_path))) == []
+
+
+def test_the_portable_tolerances_still_catch_a_learning_rate_off_by_a_thousandth(tmp_path):
+    """The tolerances are loose enough for every CPU and no looser: lr x 1.001 moves the run past them (in the
+    weight sums of most tensors and in every step's count of changed elements)."""
+    import yaml
+
+    lr = yaml.safe_load((ROOT / "conf" / "experiment" / "smoke.yaml").read_text())["optim"]["lr"]
+    got = signature(run("portable", tmp_path, f"optim.lr={lr * 1.001!r}"))
+    diff = portable_differences(recorded("portable"), got)
+    assert any(d.startswith("final weights differ") for d in diff)
+    assert sum("sync/changed" in d for d in diff) >= 3

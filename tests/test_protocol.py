@@ -12,9 +12,11 @@ from searchr1 import metrics as K
 from searchr1.config import Config, DataConfig, ScheduleConfig, WandbConfig
 from searchr1.data import Splits
 from searchr1.dist import Topology
-from searchr1.liveness import EXIT_STOPPED, Heartbeat, Liveness, MemberLost, StopFlag, StopRequested, Stopped, post_failure
+from searchr1.liveness import (EXIT_STOPPED, SLICE_S, STOP_KEY, Heartbeat, Liveness, MemberLost, RunEnded, StopFlag,
+                                StopRequested, Stopped, post_failure)
 from searchr1.protocol import BATCH, CHUNK_BYTES, DONE, TRANSFERS, WEIGHTS, Channel, step_units
 from searchr1.roles.rollout import RolloutRole
+from searchr1.roles.weights import StagedIn, WeightsIn
 from searchr1.roles.trainer import LagError, TrainerRole
 from searchr1.schedule import Pipelined, Streaming, Sync, make_schedule
 from searchr1.trajectory import Trajectory
@@ -195,8 +197,44 @@ class FakeWorker:
                  "prediction": "x"} for q in questions], {}  # the fields of evaluation.py's records
 
 
-def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=FakeLearner):
+class Broadcast:
+    """The weight sync's collective, in threads: the publisher and every receiver must all enter it; one that never
+    comes breaks it (after `timeout_s`) instead of hanging the test."""
+
+    def __init__(self, parties: int, timeout_s: float = 20.0):
+        self.barrier = threading.Barrier(parties, timeout=timeout_s)
+
+
+class CollectiveOut(FakeOut):
+    def __init__(self, ch, shared, bcast):
+        super().__init__(ch, shared)
+        self.bcast = bcast
+
+    def publish(self, weights, version):
+        m = super().publish(weights, version)  # announced first, as WeightsOut does for a broadcast
+        self.bcast.barrier.wait()
+        return m
+
+
+class CollectiveSubscriber:
+    """The receiving end for the real WeightsIn: joins the collective, reports the version it carried."""
+
+    def __init__(self, shared, bcast, first, log):
+        self.shared, self.bcast, self.version, self.log = shared, bcast, first, log
+
+    def receive(self, views):
+        self.bcast.barrier.wait()
+        self.log.append(self.version)
+        self.version += 1
+        return {"sync/version": self.version - 1, "sync/apply_s": 0.0, "sync/verify_s": 0.0}
+
+
+def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=FakeLearner, rollout_stop=None,
+              collective=False):
+    """`rollout_stop`: the rollouts' stop flag (the trainer's, for a signal that reaches every rank); `collective`:
+    weights travel through a collective every role must enter, received by the real WeightsIn."""
     store, shared = dist.HashStore(), {}
+    bcast = Broadcast(3) if collective else None
     for r in range(3):
         Heartbeat(lambda: store, f"rank{r}", 0.1).start()
     splits = Splits(corpus_scope="train+eval", train=list(range(40)), heldout=[Q(f"h{i}") for i in range(6)], corpus=[])
@@ -206,13 +244,19 @@ def run_roles(tmp_path, cfg, slow_rank=None, trainer_stop=None, learner_cls=Fake
     def trainer():
         topo = Topology(0, 3, 1)  # one trainer, two rollouts (ranks 1 and 2)
         ch = channel(store, stop=trainer_stop)
-        TrainerRole(cfg, tmp_path, topo, ch, lambda algo, optim, top: learner, FakeOut(ch, shared), splits).run()
+        out = CollectiveOut(ch, shared, bcast) if collective else FakeOut(ch, shared)
+        TrainerRole(cfg, tmp_path, topo, ch, lambda algo, optim, top: learner, out, splits).run()
 
     def rollout(rank):
         topo = Topology(rank, 3, 1)
-        ch = channel(store, abort=(DONE,))
+        ch = channel(store, stop=rollout_stop, abort=(DONE,))
         worker = FakeWorker(splits, delay_s=0.3 if rank == slow_rank else 0.0)
-        RolloutRole(cfg, tmp_path, topo, ch, worker, lambda first: FakeIn(ch, shared, first, applied[rank])).run()
+        if collective:
+            weights_in = lambda first: WeightsIn(ch, CollectiveSubscriber(shared, bcast, first, applied[rank]),
+                                                 dict, "rank0", first)
+        else:
+            weights_in = lambda first: FakeIn(ch, shared, first, applied[rank])
+        RolloutRole(cfg, tmp_path, topo, ch, worker, weights_in).run()
 
     def guard(member, fn, *a):
         try:
@@ -266,8 +310,15 @@ def test_the_trainer_refuses_data_past_the_bound():
         role._check_lag(6, stale, Sync(cfg_with()))
 
 
-def test_a_stop_request_saves_the_completed_steps_and_ends_every_role(tmp_path):
-    """Preemption: the trainer finishes the step in progress, saves it, tells the rollouts; all exit 'stopped'."""
+@pytest.mark.timeout(60)  # the bug the second case guards against is a hang: fail instead
+@pytest.mark.parametrize("everyone", [False, True], ids=["trainer0", "every_rank_while_the_step_trains"])
+def test_a_stop_request_saves_the_completed_steps_and_ends_every_role(tmp_path, everyone):
+    """Preemption: the trainer finishes the step in progress, saves it, tells the rollouts; all exit 'stopped'.
+
+    every_rank: as Slurm does, the signal reaches every rank at once. The rollouts, waiting for the weights of the
+    step that trains, see the stop long before trainer 0 finishes the step; trainer 0 then publishes those weights
+    (it finishes what it began) in a collective the rollouts must still join, and only then stops. Leaving the wait
+    on the stop hung trainer 0 in that collective until Slurm's GraceTime killed the job (CI, stop 37)."""
     from searchr1 import checkpoint
 
     stop = StopFlag()
@@ -278,12 +329,42 @@ def test_a_stop_request_saves_the_completed_steps_and_ends_every_role(tmp_path):
             out = super().step(trajs)
             if self.step_count == 3:
                 stop.set("SIGTERM")  # arrives while step 3 trains
+                if everyone:
+                    time.sleep(3 * SLICE_S)  # the step trains on: every waiting rollout sees the stop meanwhile
             return out
 
-    learner, errors, recs = run_roles(tmp_path, cfg, trainer_stop=stop, learner_cls=Stopping)
+    learner, errors, recs = run_roles(tmp_path, cfg, trainer_stop=stop, learner_cls=Stopping,
+                                      rollout_stop=stop if everyone else None, collective=everyone)
     assert len(errors) == 3 and all(isinstance(e, Stopped) and e.code == EXIT_STOPPED for e in errors), errors
     assert learner.step_count == 3 and [r[K.STEP] for r in recs if r[K.KIND] == K.TRAIN] == [1, 2, 3]
     assert checkpoint.latest(tmp_path).name == "step_000003"
+
+
+@pytest.mark.timeout(60)  # the bug this guards against is a hang: fail instead
+def test_a_stop_in_a_wait_that_may_not_end_on_it_becomes_the_jobs_stop():
+    """A rank the signal reached alone (trainer 1, a rollout), waiting where it must not leave: the stop goes on the
+    store, where trainer 0's next decision sees it."""
+    store, stop = dist.HashStore(), StopFlag()
+    Heartbeat(lambda: store, "rank0", 0.1).start()
+    ch = channel(store, stop=stop)
+    threading.Timer(0.2, lambda: stop.set("SIGTERM")).start()
+    threading.Timer(2.5 * SLICE_S, lambda: ch.put(WEIGHTS, 4, version=4)).start()
+    ch.wait(WEIGHTS, ["rank0"], stoppable=False, version=4)  # ends on the key, not on the stop
+    assert store.check([STOP_KEY]) and store.get(STOP_KEY) == b"SIGTERM"
+
+
+@pytest.mark.timeout(60)  # the bug this guards against is a hang: fail instead
+def test_staged_weights_for_a_version_the_stopped_trainers_never_publish_end_the_wait():
+    """Pipelined and streaming rollouts run ahead: the version a rollout waits for may never come once the trainers
+    stopped; their DONE ends the wait (RunEnded), as it ends the synchronous one."""
+    store = dist.HashStore()
+    Heartbeat(lambda: store, "rank0", 0.1).start()
+    ch = channel(store, abort=(DONE,))
+    staged = StagedIn(ch, subscriber=None, views=dict, publisher_member="rank0", first=5)
+    threading.Timer(0.2, lambda: ch.put(DONE, {"state": "stopped", "step": 4})).start()
+    with pytest.raises(RunEnded, match="weights version 5 will not come"):
+        staged.apply_until(5)
+    staged.close()
 
 
 def test_a_warm_start_runs_supervised_steps_then_rl_from_its_own_version(tmp_path):

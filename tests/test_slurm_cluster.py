@@ -262,12 +262,13 @@ def test_a_waiting_launcher_cancels_a_job_that_can_never_start(run):
 
 
 # ------------------------------------------------------------------------- launch.py with the real loop
-def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, experiment: str = "smoke"):
+def _launch(tmp_path: Path, *overrides: str, multirun: bool = False, experiment: str = "smoke",
+            env: dict | None = None):
     cmd = [sys.executable, str(REPO / "launch.py"), *(["-m"] if multirun else []), f"+experiment={experiment}",
            "cluster=slurm", "cluster.gpus=4", "cluster.rollout_ranks=2", "cluster.slurm.rollout_nodes=1",
            "cluster.slurm.cpus_per_task=1", "cluster.slurm.mem_per_task_gb=1", "cluster.slurm.time_min=30",
            "cluster.slurm.signal_delay_s=60", "cluster.slurm.poll_s=1", f"run_root={tmp_path}", *overrides]
-    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env = {**os.environ, "WANDB_MODE": "disabled", **(env or {})}
     # from tmp_path: Hydra's multirun.yaml lands in the working directory (conf/config.yaml: sweep.dir=.)
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -278,14 +279,6 @@ def _train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, lines) if r.get("kind") == "train"]
 
 
-def _rank_pids(run_dir: Path, ranks: range) -> list[int]:
-    pids = []
-    for r in ranks:
-        found = re.findall(r"pid (\d+), cores", (run_dir / "logs" / f"rank{r}.log").read_text())
-        pids.append(int(found[-1]))
-    return pids
-
-
 N_STEPS = 8
 
 
@@ -294,27 +287,38 @@ N_STEPS = 8
 @needs_slurm
 def test_a_preempted_smoke_run_requeues_and_loses_no_completed_step(tmp_path):
     """A real preemption: a job of the higher-priority partition `urgent` needs the trainers' node. Slurm sends
-    SIGTERM; trainer 0 stops at its next safe point, every trainer saves the completed steps, every rank exits
-    75, the job requeues itself, resumes from that checkpoint and completes: each step is in metrics.jsonl
-    exactly once and no completed step was done twice. To preempt at a known point, the rollouts are frozen
-    (SIGSTOP) once two steps are done; the preemption's SIGCONT wakes them."""
+    SIGTERM to every rank; trainer 0 finishes the step in progress and publishes its weights, stops at its next
+    safe point, every trainer saves the completed steps, every rank exits 75, the job requeues itself, resumes from
+    that checkpoint and completes: each step is in metrics.jsonl exactly once and no completed step was done twice.
+
+    To preempt at a known point, trainer 0 holds the third step's training (a fault rule) until every rank has
+    the SIGTERM and both rollouts, waiting for that step's weights, have passed the stop on: the interleaving in
+    which trainer 0 once published into a collective the rollouts had already left, and hung until GraceTime."""
+    go = tmp_path / "go"
+    env = {"SEARCHR1_FAULTS": f"rank=0,point=train,step=2,do=wait:{go}"}
     proc = _launch(tmp_path, "run_name=smoke", "cluster.slurm.wait=true", f"steps={N_STEPS}", "checkpoint_every=0",
-                   "eval_before=false")
+                   "eval_before=false", env=env)
     run_dir, job_id, preemptor = tmp_path / "smoke", None, None
+
+    def in_logs(text: str, ranks) -> bool:
+        paths = [run_dir / "logs" / f"rank{r}.log" for r in ranks]
+        return all(p.exists() and text in p.read_text() for p in paths)
+
     try:
         until(lambda: "job_id" in json.loads((run_dir / "slurm_job.json").read_text())
                if (run_dir / "slurm_job.json").exists() else False, "the submission", proc=proc)
         job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
-        until(lambda: len(_train_steps(run_dir)) >= 2, "two steps", job_id, proc)
-        rollouts = _rank_pids(run_dir, range(2, 4))
-        for pid in rollouts:
-            os.kill(pid, signal.SIGSTOP)
+        until(lambda: in_logs("[faults] rank 0 at train step 2: wait:", [0]), "trainer 0 to hold step 3", job_id,
+              proc)
         done = _train_steps(run_dir)
         trainer_node = json.loads((run_dir / "status.json").read_text())["batch_node"]
         t_preempt = time.time()
         preemptor = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-w", trainer_node, "--gres=gpu:8",
                                     "--job-name=preemptor", "--output=/dev/null", "--wrap=sleep 1"],
                                    capture_output=True, text=True, check=True).stdout.strip()
+        until(lambda: in_logs("SIGTERM at", range(4)), "the SIGTERM in every rank", job_id, proc)
+        until(lambda: in_logs("passed on to the job", [2, 3]), "the rollouts to pass the stop on", job_id, proc)
+        go.touch()
         until(lambda: json.loads((run_dir / "status.json").read_text())["state"] == "REQUEUED", "the requeue",
                job_id, proc)
         # the preemptor takes the node, then the requeued job may start again
@@ -333,9 +337,8 @@ def test_a_preempted_smoke_run_requeues_and_loses_no_completed_step(tmp_path):
     assert status["state"] == "COMPLETED" and status["restart"] == 1
     k = int(status["requeues"][0]["checkpoint"].removeprefix("step_"))
     assert status["requeues"][0]["signal"] == "SIGTERM"
-    # what was done when the rollouts were frozen was saved, and at most the step then in progress (its batch
-    # already generated) was finished first
-    assert done == list(range(1, len(done) + 1)) and len(done) <= k <= len(done) + 1, (k, done)
+    # what was done when the preemption came was saved, and the step then in progress (held) was finished first
+    assert done == [1, 2] and k == 3, (k, done)
     # each step in metrics.jsonl once, and none trained twice: the progress log keeps both runs' lines
     assert _train_steps(run_dir) == list(range(1, N_STEPS + 1))
     progress = (run_dir / "progress.log").read_text()

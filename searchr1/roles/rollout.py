@@ -41,7 +41,8 @@ class RolloutRole:
 
     def _run(self) -> None:
         cfg, topo = self.cfg, self.topo
-        start = self.channel.get(START, [self.trainer0])
+        # trainer 0 publishes the first version right after START: be there (a stop ends this wait via DONE)
+        start = self.channel.get(START, [self.trainer0], stoppable=False)
         first = start["step"]
         self.schedule = make_schedule(cfg, first)
         self.weights = self.weights_in_factory(first)

@@ -1,8 +1,11 @@
 """The WEIGHTS transfer, both ends: trainer rank 0 announces a version on the channel and then publishes its
 bits on the weight-sync transport; a rollout rank waits for the announcement (bounded by the trainer's
 liveness) and only then enters the collective, so no rank ever sits in a broadcast waiting for the other
-role's work. The synchronous schedule receives straight into the engine (`WeightsIn`); the overlapping ones
-receive into a staging copy while the engine generates (`StagedIn`).
+role's work. Nor does trainer 0 ever sit in one alone: once it has begun a step it publishes that step's weights,
+even if a stop arrived meanwhile, so a rollout's wait for an announcement ends only on it, or on the trainers'
+DONE (the channel's abort), never on the rollout's own stop request (which the wait puts on the store for
+trainer 0 to decide). The synchronous schedule receives straight into the engine (`WeightsIn`); the overlapping
+ones receive into a staging copy while the engine generates (`StagedIn`).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ class WeightsIn:
         """Receive publications until the engine holds `version`; the last receive's metrics (sums of seconds)."""
         out = {"sync/apply_s": 0.0, "sync/verify_s": 0.0}
         while self.applied < version:
-            self.channel.wait(WEIGHTS, [self.publisher_member], version=self.next)
+            self.channel.wait(WEIGHTS, [self.publisher_member], stoppable=False, version=self.next)
             m = self.subscriber.receive(self.views())
             if int(m["sync/version"]) != self.next:
                 raise RuntimeError(f"expected weights version {self.next}, the publication says {m['sync/version']}")
@@ -67,6 +70,7 @@ class StagedIn:
         self.queue: deque[Publication] = deque()
         self.cond = threading.Condition()
         self.error: BaseException | None = None
+        self.ended: RunEnded | None = None  # the trainers ended the run: nothing more will be published
         self.applied = -1
         self.thread = threading.Thread(target=self._receive_all, args=(first,), name="weights-in", daemon=True)
         self.thread.start()
@@ -81,8 +85,10 @@ class StagedIn:
                     self.queue.append(pub)
                     self.cond.notify_all()
                 version += 1
-        except RunEnded:
-            return  # the run is over: nothing more will be published
+        except RunEnded as end:
+            with self.cond:
+                self.ended = end
+                self.cond.notify_all()
         except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
             with self.cond:
                 self.error = err
@@ -105,6 +111,8 @@ class StagedIn:
             while self.received() < version:
                 if self.error is not None:
                     raise self.error
+                if self.ended is not None:  # a version the trainers will not publish (they stopped)
+                    raise RunEnded(f"{self.ended}; weights version {version} will not come")
                 self.cond.wait(timeout=1.0)
             todo = []
             while self.queue and self.queue[0].version <= version:

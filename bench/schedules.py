@@ -182,10 +182,19 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "results"))
     ap.add_argument("--placement", choices=list(PLACEMENTS), default="split",
                     help="split writes bench/schedules.json; another writes bench/schedules_<placement>.json")
+    ap.add_argument("--seed", type=int, help="the RL runs' seed (data order, sampling); the warm start keeps the "
+                                             "experiment's, so every seed starts from the same model. Outputs get _s<seed>")
+    ap.add_argument("--pool", nargs="+", metavar="DIR",
+                    help="pool the exported bench folders of several seeds (each holds schedules.json and <mode>/) into "
+                         "OUT/bench/schedules_seeds.json, a table and a plot; runs nothing")
     ap.add_argument("--model-only", action="store_true",
                     help="recompute the machine model into the existing schedules.json from its exported sync run")
     args = ap.parse_args()
     run_root, out = Path(args.run_root), Path(args.out)
+    if args.pool:
+        from schedules_seeds import pool_seeds
+
+        return pool_seeds([Path(d) for d in args.pool], out)
     if args.model_only:
         path = out / "bench" / "schedules.json"
         report = json.loads(path.read_text())
@@ -205,6 +214,7 @@ def main() -> int:
         warm = launch(run_root, f"warm-{stamp}", "steps=0", *evals, "eval_before=false", placement=args.placement)
         ckpt = sorted((warm / "checkpoints").glob("step_*"))[-1] / "model"
     start = ["warm_start.steps=0", "model.source=hub", f"model.path={ckpt}", "model.name=warm"]
+    start += [f"seed={args.seed}"] if args.seed is not None else []
     results, runs = {}, {}
     # the start model's evaluation is the same greedy run in every mode: sync's alone makes it
     sync = launch(run_root, f"sync-{stamp}", f"steps={args.steps}", *start, *evals, "eval_before=true",
@@ -233,12 +243,13 @@ def main() -> int:
     recs = [r for r in K.read_metrics(sync / "metrics.jsonl") if r[K.KIND] == K.TRAIN and r.get("stage") != "sft"]
     results["sync"]["phase_s"] = {"rollout": sum(r.get("time/rollout/rollout_s", 0.0) for r in recs) / len(recs),
                                   "train": sum(r.get("time/trainer/train_s", 0.0) for r in recs) / len(recs)}
-    report = {"steps": args.steps, "placement": args.placement, "overrides": PLACEMENTS[args.placement],
+    report = {"steps": args.steps, "placement": args.placement, "seed": args.seed, "overrides": PLACEMENTS[args.placement],
               "start_model": str(ckpt), "equal_steps_only": args.equal_steps,
               "seconds_per_sync_step": sync_step, "runs": results,
               "production_model": production_model(results["sync"], [m for m in MODES if m in modes]),
               "machine_model": machine_model(sync, results)}
-    suffix = "" if args.placement == "split" else f"_{args.placement}"
+    suffix = ("" if args.placement == "split" else f"_{args.placement}") + \
+        (f"_s{args.seed}" if args.seed is not None else "")
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / f"schedules{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
     from searchr1.rundir import export

@@ -1,0 +1,144 @@
+"""The schedules bench over seeds: every lag against `sync` of the same seed, question by question, then pooled.
+
+Input: the exported folders of `bench/schedules.py` runs, one per seed, each holding `schedules.json` (or
+`bench/schedules*.json`) and one folder per mode with its `predictions/step_N.jsonl` and `metrics.jsonl`.
+Output: OUT/bench/schedules_seeds.json (per mode: EM per seed, paired test against sync per seed and pooled,
+steps/hour and useful work per seed, importance weights), a markdown table on stdout, and
+OUT/bench/schedules_seeds.png (EM and steps/hour against lag).
+
+    python bench/schedules.py --pool results/placement/alternate_amx results/placement/alternate_amx_s1 ...
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from searchr1.evaluation import read_predictions  # noqa: E402
+from searchr1.stats import paired_predictions, pool, wilson  # noqa: E402
+
+LAG = {"sync": 0, "pipelined_k1": 1, "pipelined_k2_ratio": 2, "pipelined_k2_decoupled": 2,
+       "pipelined_k4_decoupled": 4, "pipelined_k8_decoupled": 8, "streaming_k2": 2}
+
+
+def _report(folder: Path) -> dict:
+    for path in [folder / "schedules.json", *sorted((folder / "bench").glob("schedules*.json"))]:
+        if path.exists():
+            return json.loads(path.read_text())
+    raise SystemExit(f"{folder}: no schedules.json (an exported bench/schedules.py run is expected)")
+
+
+def smallest_detectable_loss(n: int, discordant: int) -> float:
+    """Points of EM that a paired test over n questions detects with 80% power at a two-sided 5% level, at the
+    discordance observed (McNemar's normal approximation: (z_0.975 + z_0.8) * sqrt(psi / n), psi the share of
+    questions that the two runs answer differently). Fewer discordant questions make a smaller loss visible."""
+    psi = max(discordant, 1) / n
+    return 100 * (1.959964 + 0.841621) * math.sqrt(psi / n)
+
+
+def pool_seeds(folders: list[Path], out: Path) -> int:
+    reports = {}
+    for f in folders:
+        rep = _report(f)
+        seed = rep.get("seed")
+        seed = 0 if seed is None else seed
+        if seed in reports:
+            raise SystemExit(f"{f}: seed {seed} given twice")
+        reports[seed] = (f, rep)
+    steps = {rep["steps"] for _, rep in reports.values()}
+    if len(steps) != 1:
+        raise SystemExit(f"the folders' benches ran different step counts: {sorted(steps)}")
+    final = f"step_{steps.pop():06d}.jsonl"
+    modes = [m for m in LAG if all(m in rep["runs"] for _, rep in reports.values())]
+    result = {"seeds": sorted(reports), "folders": [str(reports[s][0]) for s in sorted(reports)], "modes": {}}
+    for mode in modes:
+        per_seed, paired = [], []
+        for seed in sorted(reports):
+            folder, rep = reports[seed]
+            run = rep["runs"][mode]
+            preds = read_predictions(folder / mode / "predictions" / final)
+            em = sum(bool(p["em"]) for p in preds)
+            row = {"seed": seed, "em": em, "n": len(preds), "steps_per_hour": run["steps_per_hour"],
+                   "speedup": run.get("speedup_steps_per_hour", 1.0),
+                   "useful_work_fraction": run["useful_work_fraction"], "idle_s_per_step": run.get("idle_s_per_step"),
+                   "importance_weights": run.get("importance_weights", {})}
+            if mode == "sync":
+                start = read_predictions(folder / "sync" / "predictions" / "step_000000.jsonl")
+                p = paired_predictions(start, preds)
+                row["vs_start"] = {"start": p.a_correct, "only_start": p.only_a, "only_end": p.only_b,
+                                   "mcnemar_p": p.p_value}
+            else:
+                p = paired_predictions(read_predictions(folder / "sync" / "predictions" / final), preds)
+                row["vs_sync"] = {"only_sync": p.only_a, "only_this": p.only_b, "mcnemar_p": p.p_value}
+            paired.append(p)
+            per_seed.append(row)
+        pooled = pool(paired)
+        n = sum(r["n"] for r in per_seed)
+        em = sum(r["em"] for r in per_seed)
+        lo, hi = wilson(em, n)
+        entry = {"lag": LAG[mode], "per_seed": per_seed, "em_total": em, "n_total": n,
+                 "em_pct": 100 * em / n, "ci95": [100 * lo, 100 * hi],
+                 "steps_per_hour_mean": sum(r["steps_per_hour"] for r in per_seed) / len(per_seed),
+                 "speedup_mean": sum(r["speedup"] for r in per_seed) / len(per_seed),
+                 "useful_work_fraction_mean": sum(r["useful_work_fraction"] for r in per_seed) / len(per_seed),
+                 "pooled": {"only_a": pooled.only_a, "only_b": pooled.only_b, "p": pooled.p_value,
+                            "runs_up": pooled.runs_up, "runs_down": pooled.runs_down,
+                            "median_delta_points": pooled.median_delta_points}}
+        if mode != "sync":
+            # the loss the pooled test could have called, on all the seeds' questions together
+            entry["smallest_detectable_loss_points"] = smallest_detectable_loss(n, pooled.only_a + pooled.only_b)
+        result["modes"][mode] = entry
+    (out / "bench").mkdir(parents=True, exist_ok=True)
+    (out / "bench" / "schedules_seeds.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    plot(result, out / "bench" / "schedules_seeds.png")
+    return 0
+
+
+def table(result: dict) -> str:
+    seeds = result["seeds"]
+    head = ("| schedule | lag | EM at the last step, per seed | all seeds | vs sync: only sync / only this, per seed "
+            "| pooled, p | smallest loss detectable | steps/hour vs sync | useful work |")
+    lines = [head, "|" + "---|" * 9]
+    for mode, e in result["modes"].items():
+        ems = ", ".join(f"{r['em']}" for r in e["per_seed"])
+        if mode == "sync":
+            vs = "start " + ", ".join(f"{r['vs_start']['start']}" for r in e["per_seed"])
+            pooled = f"vs start {e['pooled']['only_a']} / {e['pooled']['only_b']}, p = {e['pooled']['p']:.2g}"
+            sdl = ""
+        else:
+            vs = ", ".join(f"{r['vs_sync']['only_sync']}/{r['vs_sync']['only_this']}" for r in e["per_seed"])
+            pooled = f"{e['pooled']['only_a']} / {e['pooled']['only_b']}, p = {e['pooled']['p']:.2g}"
+            sdl = f"{e['smallest_detectable_loss_points']:.1f} points"
+        lines.append(f"| {mode} | {e['lag']} | {ems} (seeds {', '.join(map(str, seeds))}) | "
+                     f"{e['em_total']}/{e['n_total']} ({e['em_pct']:.1f}%, {e['ci95'][0]:.1f}-{e['ci95'][1]:.1f}) | "
+                     f"{vs} | {pooled} | {sdl} | {e['speedup_mean']:.2f}x | {e['useful_work_fraction_mean']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for mode, e in result["modes"].items():
+        marker = "s" if mode.startswith("streaming") else ("o" if mode != "sync" else "D")
+        x = e["lag"] + (0.15 if mode.startswith("streaming") else 0.0)
+        a.errorbar([x], [e["em_pct"]], yerr=[[e["em_pct"] - e["ci95"][0]], [e["ci95"][1] - e["em_pct"]]],
+                   fmt=marker, capsize=3, label=mode)
+        for r in e["per_seed"]:
+            a.scatter([x + 0.3], [100 * r["em"] / r["n"]], s=8, color="grey")
+        b.scatter([x], [e["speedup_mean"]], marker=marker, label=mode)
+    a.set(xlabel="policy lag (versions)", ylabel="held-out EM, % (all seeds; grey: each seed)",
+          title=f"EM at equal steps, seeds {result['seeds']}")
+    b.axhline(1.0, color="grey", lw=0.5)
+    b.set(xlabel="policy lag (versions)", ylabel="steps/hour vs sync (mean over seeds)", title="throughput")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -137,3 +137,39 @@ def test_the_schedules_machine_model_by_hand(tmp_path):
     assert p["overlapped_step_by_step"]["step_s"] == pytest.approx(32 / 3)
     assert p["overlapped_step_by_step"]["useful_work_fraction"] == pytest.approx(42 / 64)
     assert model["measured"]["sync"]["step_s"] == pytest.approx(14.0)
+
+
+def test_the_schedules_seeds_pooled_by_hand(tmp_path):
+    """Two seeds of sync and pipelined_k1 over 10 questions. Seed 0: sync right on q0-q3, k1 on q0-q1 and q4
+    (only sync 2, only k1 1); seed 1: sync right on q0, k1 on q0-q2 (0 / 2). Pooled 2 / 3, p = 1; EM 3 + 3 of 20."""
+    sdl = _bench("schedules_seeds")
+
+    def write(folder, mode, step, right):
+        (folder / mode / "predictions").mkdir(parents=True, exist_ok=True)
+        with open(folder / mode / "predictions" / f"step_{step:06d}.jsonl", "w") as f:
+            for q in range(10):
+                f.write(json.dumps({"id": f"q{q}", "em": int(q in right)}) + "\n")
+
+    runs = {"steps_per_hour": 100.0, "useful_work_fraction": 0.5}
+    for seed, sync, k1 in ((0, {0, 1, 2, 3}, {0, 1, 4}), (1, {0}, {0, 1, 2})):
+        folder = tmp_path / f"s{seed}"
+        write(folder, "sync", 0, set())
+        write(folder, "sync", 3, sync)
+        write(folder, "pipelined_k1", 3, k1)
+        (folder / "schedules.json").write_text(json.dumps({"steps": 3, "seed": seed, "runs": {
+            "sync": runs, "pipelined_k1": {**runs, "speedup_steps_per_hour": 1.5, "useful_work_fraction": 0.8}}}))
+    assert sdl.pool_seeds([tmp_path / "s0", tmp_path / "s1"], tmp_path / "out") == 0
+    res = json.loads((tmp_path / "out" / "bench" / "schedules_seeds.json").read_text())
+    k1 = res["modes"]["pipelined_k1"]
+    assert res["seeds"] == [0, 1] and k1["lag"] == 1 and (k1["em_total"], k1["n_total"]) == (6, 20)
+    assert [r["vs_sync"] for r in k1["per_seed"]] == [{"only_sync": 2, "only_this": 1, "mcnemar_p": 1.0},
+                                                       {"only_sync": 0, "only_this": 2, "mcnemar_p": 0.5}]
+    assert (k1["pooled"]["only_a"], k1["pooled"]["only_b"], k1["pooled"]["p"]) == (2, 3, 1.0)
+    assert k1["speedup_mean"] == 1.5 and k1["useful_work_fraction_mean"] == 0.8
+    sync = res["modes"]["sync"]
+    assert [r["vs_start"]["only_end"] for r in sync["per_seed"]] == [4, 1] and sync["em_total"] == 5
+    # 5 discordant of 20: (1.96 + 0.84) * sqrt(0.25 / 20) = 0.313
+    assert k1["smallest_detectable_loss_points"] == pytest.approx(31.3, abs=0.1)
+    assert (tmp_path / "out" / "bench" / "schedules_seeds.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="seed 0 given twice"):
+        sdl.pool_seeds([tmp_path / "s0", tmp_path / "s0"], tmp_path / "out")

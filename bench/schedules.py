@@ -11,6 +11,7 @@ step, on the local placement that gives the trainer and the rollout a core each 
     pipelined_k4_decoupled    four behind, the same objective (where exact match starts to fall, if it does)
     pipelined_k8_decoupled    eight behind, the same objective
     streaming_k2              continuous generation, weights taken between turns, admission bound 2
+    streaming_k2_partial      the same with partial rollouts: unfinished groups may wait for the next step
 
 The sync run does `--steps` RL steps; the others run for as long as sync took (`--steps` x the sync seconds
 per step, capped at 2x the steps), so that held-out EM compares at equal steps and at equal wall time. Written:
@@ -46,6 +47,10 @@ MODES = {
     "pipelined_k4_decoupled": ["schedule=pipelined", "schedule.max_lag=4", "algo.off_policy=decoupled"],
     "pipelined_k8_decoupled": ["schedule=pipelined", "schedule.max_lag=8", "algo.off_policy=decoupled"],
     "streaming_k2": ["schedule=streaming", "schedule.max_lag=2", "algo.off_policy=decoupled"],
+    # partial rollouts: a rollout rank may set unfinished groups aside once it has generated 512 tokens for a step
+    # (about one turn of its 16 episodes), so a step's last turns need not hold it back
+    "streaming_k2_partial": ["schedule=streaming", "schedule.max_lag=2", "algo.off_policy=decoupled",
+                             "schedule.partial_tokens=512"],
 }
 PLACEMENTS = {
     # a core each, as separate GPUs would: overlap hides the shorter phase behind the longer one at best
@@ -87,7 +92,9 @@ def summarize(run: Path, sync_wall_s: float | None) -> dict:
            "useful_work_fraction": sum(r[K.USEFUL_FRACTION] for r in plain) / max(len(plain), 1),
            "idle_s_per_step": {role: sum(r.get(f"time/{role}/wait_s", 0.0) for r in plain) / max(len(plain), 1)
                                for role in ("trainer", "rollout")},
-           "lag_histogram": {}, "importance_weights": {}}
+           "lag_histogram": {}, "importance_weights": {},
+           "groups_carried": {"out": sum(r.get(K.GROUPS_CARRIED_OUT, 0.0) for r in rl),
+                              "in": sum(r.get(K.GROUPS_CARRIED_IN, 0.0) for r in rl)}}
     for r in rl:
         for k, v in r.items():
             if k.startswith("lag/count/"):

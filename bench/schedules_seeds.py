@@ -22,7 +22,8 @@ from searchr1.evaluation import read_predictions  # noqa: E402
 from searchr1.stats import paired_predictions, pool, wilson  # noqa: E402
 
 LAG = {"sync": 0, "pipelined_k1": 1, "pipelined_k2_ratio": 2, "pipelined_k2_decoupled": 2,
-       "pipelined_k4_decoupled": 4, "pipelined_k8_decoupled": 8, "streaming_k2": 2}
+       "pipelined_k4_decoupled": 4, "pipelined_k8_decoupled": 8, "streaming_k2": 2,
+       "streaming_k2_partial": 2}
 
 
 def _report(folder: Path) -> dict:

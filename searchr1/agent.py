@@ -174,9 +174,33 @@ def _end_without_action(ep: _Episode, finish_reason: str) -> None:
     ep.stop_reason = {"eos": "eos", "length": "max_new_tokens"}.get(finish_reason, "malformed")
 
 
+@dataclass
+class Partial:
+    """Partial rollouts (schedule.partial_tokens): a step's generation may end with groups unfinished, which
+    wait, every turn kept with its version, and go on in the next call before its new questions (PipelineRL's
+    in-flight updates, AReaL's interruptible generation). Owned by the caller across calls.
+
+    Once a call has generated `tokens` tokens and at least one group is complete, every unfinished group that
+    `may_carry(oldest version among its turns)` allows is set aside; the others (those the lag bound would not
+    admit a step later) run to their end in this call. A group is carried whole, since its advantages need all of
+    its samples; a carried group's number grows by `group_stride` (the questions of one step), so that it never
+    shares a number with the next call's groups."""
+
+    tokens: int
+    group_stride: int
+    may_carry: Callable[[int], bool] = lambda version: False
+    carried: list = field(default_factory=list)  # the set-aside episodes (_Episode), in order
+    carried_in: int = 0  # groups of the last call that had been carried into it and finished there
+    carried_out: int = 0  # groups of the last call set aside for the next
+
+
+def _group_oldest(group: list[_Episode]) -> int:
+    return min(v for ep in group for v in ep.turn_versions)
+
+
 def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Callable[[list[str]], list[str]],
                  cfg: AgentConfig, sampling: Sampling, score: Score, version: Callable[[], int] = lambda: 0,
-                 group_offset: int = 0) -> tuple[list[Trajectory], dict[str, float]]:
+                 group_offset: int = 0, partial: Partial | None = None) -> tuple[list[Trajectory], dict[str, float]]:
     """`group_size` trajectories per question, all advanced together turn by turn.
 
     Each turn is one engine call over every running trajectory and at most one `retrieve` call over all of
@@ -184,15 +208,23 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
     replaced by the protocol's. Trajectory i*group_size+j is sample j of question i, in group group_offset+i.
     `score(prediction, golds, well_formed)` is the reward. `version()` is asked before every turn: the weights
     version that turn is generated with (a schedule may apply new weights between turns), recorded per turn.
+    With `partial`, the episodes it carries go first and it may set groups aside (`Partial`): only complete
+    groups are returned.
     """
     if group_size < 1:
         raise ValueError(f"group_size={group_size!r}: must be >= 1")
     tok = engine.tokenizer
     started = time.perf_counter()
-    episodes = []
+    episodes = list(partial.carried) if partial else []
+    carried_groups = {ep.group for ep in episodes}
     for i, q in enumerate(questions):
         prompt = build_prompt(tok, q.question, cfg.search, cfg.prompt)
         episodes += [_Episode(q.qid, group_offset + i, list(q.answers), prompt) for _ in range(group_size)]
+    if len({ep.group for ep in episodes}) * group_size != len(episodes):
+        raise ValueError(f"a carried group shares its number with a new one (groups {sorted(carried_groups)}, "
+                         f"new from {group_offset}): Partial.group_stride must be at least a step's questions")
+    aside: set[int] = set()  # groups set aside for the next call
+    generated, cut = 0, partial is None or partial.tokens <= 0
     head = tok(INFO_HEAD, add_special_tokens=False).input_ids
     tail = tok(INFO_TAIL, add_special_tokens=False).input_ids
     generation_s = retrieval_s = 0.0
@@ -201,7 +233,7 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
         for ep in episodes:
             if not ep.stop_reason and ep.length() >= cfg.max_context_tokens:
                 ep.stop_reason = "max_context"
-        active = [ep for ep in episodes if not ep.stop_reason]
+        active = [ep for ep in episodes if not ep.stop_reason and ep.group not in aside]
         if not active:
             break
         turn_sampling = replace(sampling, stop=list(STOPS),
@@ -214,6 +246,7 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
         for ep, gen in zip(active, gens):
             budget = cfg.max_context_tokens - ep.length()
             ids, lps = gen.token_ids[:budget], gen.logprobs[:budget]
+            generated += len(ids)
             ep.response_ids += ids
             ep.loss_mask += [1] * len(ids)
             ep.logprobs += lps
@@ -249,8 +282,32 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
             for (ep, _), ids in zip(searching, body_ids):
                 _insert_info(ep, head, ids, tail, cfg)
         turn += 1
-    trajectories = [_finish(ep, tok, score) for ep in episodes]
+        # the cut waits for a complete group: a call never returns nothing
+        if not cut and generated >= partial.tokens and any(_complete(g) for g in _groups(episodes).values()):
+            aside, cut = _set_aside(episodes, partial), True
+    trajectories = [_finish(ep, tok, score) for ep in episodes if ep.group not in aside]
+    if partial:
+        partial.carried = [ep for ep in episodes if ep.group in aside]
+        for ep in partial.carried:
+            ep.group += partial.group_stride
+        partial.carried_in, partial.carried_out = len(carried_groups - aside), len(aside)
     return trajectories, rollout_metrics(trajectories, generation_s, retrieval_s, time.perf_counter() - started)
+
+
+def _groups(episodes: list[_Episode]) -> dict[int, list[_Episode]]:
+    groups: dict[int, list[_Episode]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group, []).append(ep)
+    return groups
+
+
+def _complete(group: list[_Episode]) -> bool:
+    return all(ep.stop_reason for ep in group)
+
+
+def _set_aside(episodes: list[_Episode], partial: Partial) -> set[int]:
+    """The unfinished groups to carry once the budget is spent: each that the lag bound lets wait."""
+    return {gid for gid, g in _groups(episodes).items() if not _complete(g) and partial.may_carry(_group_oldest(g))}
 
 
 def _finish(ep: _Episode, tok, score: Score) -> Trajectory:

@@ -223,11 +223,18 @@ class WarmStartConfig:
 class ScheduleConfig:
     name: str = "sync"
     max_lag: int = 0  # policy versions a trained trajectory may be behind the weights it is trained into
+    # partial rollouts (streaming only): tokens a rollout rank generates for a step before it may set unfinished
+    # groups aside for the next step (searchr1/agent.py Partial); 0: every group finishes in its own step
+    partial_tokens: int = 0
 
     def __post_init__(self):
         _one_of("schedule.name", self.name, registry.SCHEDULES)
         _check((self.max_lag == 0) == (self.name == "sync") and self.max_lag >= 0, "schedule.max_lag",
                self.max_lag, f"must be 0 for sync and >= 1 otherwise (schedule.name={self.name})")
+        _check(self.partial_tokens >= 0 and (self.partial_tokens == 0 or self.name == "streaming"),
+               "schedule.partial_tokens", self.partial_tokens,
+               f"must be >= 0, and 0 unless schedule.name=streaming (a carried trajectory's turns span versions; "
+               f"only streaming generates with versions newer than the step's oldest; schedule.name={self.name})")
 
 
 @dataclass
@@ -308,6 +315,9 @@ class Config:
             _check(e.min_rollouts <= self.cluster.rollout_ranks, "cluster.elastic.min_rollouts", e.min_rollouts,
                    f"more than cluster.rollout_ranks={self.cluster.rollout_ranks}")
         _check(not self.join or e.enabled, "join", self.join, "needs cluster.elastic.enabled=true (the run's own)")
+        _check(self.schedule.partial_tokens == 0 or self.algo.oversample == 1, "schedule.partial_tokens",
+               self.schedule.partial_tokens, f"partial rollouts keep every group they finish; dynamic sampling "
+                                             f"(algo.oversample={self.algo.oversample}) drops some: use one or the other")
         _check(self.algo.questions_per_step >= self.cluster.rollout_ranks, "algo.questions_per_step",
                self.algo.questions_per_step,
                f"fewer questions than rollout ranks (cluster.rollout_ranks={self.cluster.rollout_ranks})")

@@ -48,6 +48,9 @@ EVAL_ANSWER_RATE, EVAL_SEARCHES, EVAL_SEARCHED_RATE = "eval/answer_rate", "eval/
 LOSS, GRAD_NORM = "train/loss", "train/grad_norm"
 # dynamic sampling (algo.oversample): the groups the rollouts drew this step, and how many of them had varied rewards
 GROUPS_DRAWN, GROUPS_VARIED = "rollout/groups_drawn", "rollout/groups_varied"
+# partial rollouts (schedule.partial_tokens): groups finished this step that an earlier step had set aside, and
+# groups this step set aside for the next
+GROUPS_CARRIED_IN, GROUPS_CARRIED_OUT = "rollout/groups_carried_in", "rollout/groups_carried_out"
 ENTROPY, KL_REF, IS_MEAN = "train/entropy", "train/kl_ref", "train/is/mean"
 TOKENS_TRAINED = "train/tokens_trained"
 # the collapse monitor (searchr1/monitor.py): its moving averages, the rules that flagged this step (FLAG + rule,
@@ -105,7 +108,8 @@ def step_record(step: int, trajs, units: list[dict], train_m: dict, pub_m: dict,
     `units`: each unit's rollout metrics; `times`: every rank's phase seconds (trainers first, with "wall")."""
     rec = {KIND: TRAIN, STEP: step + 1, **trajectory_metrics(trajs), **lag_metrics(step, trajs)}
     seconds = sorted({k for m in units for k in m if k.startswith("rollout/") and k.endswith("_s")})
-    for key in seconds + [k for k in (GROUPS_DRAWN, GROUPS_VARIED) if any(k in m for m in units)]:
+    summed = (GROUPS_DRAWN, GROUPS_VARIED, GROUPS_CARRIED_IN, GROUPS_CARRIED_OUT)
+    for key in seconds + [k for k in summed if any(k in m for m in units)]:
         rec[key] = sum(m.get(key, 0.0) for m in units)
     gen_s = rec.get("rollout/generation_s", 0.0)
     rec["rollout/retrieval_to_generation"] = rec.get("rollout/retrieval_s", 0.0) / gen_s if gen_s else 0.0

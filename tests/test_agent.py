@@ -303,3 +303,67 @@ def test_loop_on_the_hf_engine_concatenates_engine_output():
         assert t.logprobs[:len(calls[0][1][i].token_ids)] == calls[0][1][i].logprobs
         assert t.stop_reason in STOP_REASONS and sum(t.loss_mask) == t.generated_tokens
     assert metrics["rollout/trajectories_total"] == 4.0
+
+
+# Partial rollouts: "Quick?" answers in its first turn, "Slow?" searches twice and answers in its third.
+PARTIAL_SCRIPTS = {"Quick?": ["<think>k</think><answer> Paris </answer>"],
+                   "Slow?": ["<search> one </search>", "<search> two </search>", "<answer> Rome </answer>"],
+                   "Next?": ["<answer> Oslo </answer>"]}
+
+
+def _partial_run(tok, questions, partial, version, group_offset=0):
+    from searchr1.agent import Partial  # noqa: F401  (the type the caller owns)
+
+    cfg = _cfg()
+    return run_episodes(ScriptedEngine(tok, PARTIAL_SCRIPTS), questions, 2, Retriever(), cfg,
+                        sampling_for(cfg, SamplingConfig()), _score(), version=version, group_offset=group_offset,
+                        partial=partial)
+
+
+def test_partial_rollouts_carry_an_unfinished_group_whole_and_lose_no_token(tok):
+    from searchr1.agent import Partial
+
+    quick, slow, nxt = Q("q", "Quick?", ("Paris",)), Q("s", "Slow?", ("Rome",)), Q("n", "Next?", ("Oslo",))
+    plain, _ = _partial_run(tok, [slow], None, lambda: 3)  # the slow question alone, never cut
+    seen = []
+    partial = Partial(tokens=1, group_stride=2, may_carry=lambda v: (seen.append(v), True)[1])
+    # call 1 (version 3): after the first turn Quick's group is complete and the budget spent: Slow's waits
+    first, m1 = _partial_run(tok, [quick, slow], partial, lambda: 3)
+    assert [t.qid for t in first] == ["q", "q"] and all(t.em for t in first) and seen == [3]
+    assert (partial.carried_in, partial.carried_out) == (0, 1)
+    assert [ep.group for ep in partial.carried] == [3, 3] and all(ep.turns == 1 for ep in partial.carried)
+    assert m1["rollout/trajectories_total"] == 2.0
+    # call 2 (version 4): the carried group goes first; here the bound lets it wait no longer, so it finishes
+    partial.may_carry = lambda v: False
+    second, _ = _partial_run(tok, [nxt], partial, lambda: 4)
+    assert [t.qid for t in second] == ["s", "s", "n", "n"] and [t.group for t in second] == [3, 3, 0, 0]
+    assert (partial.carried_in, partial.carried_out) == (1, 0) and partial.carried == []
+    for cut, whole in zip(second[:2], plain):
+        # the same tokens, masks and log-probs as the uncut episode; only the versions of its turns differ
+        assert (cut.response_ids, cut.loss_mask, cut.logprobs) == (whole.response_ids, whole.loss_mask, whole.logprobs)
+        assert cut.turn_versions == [3, 4, 4] and cut.policy_version == 3 and cut.em and cut.searches == 2
+
+
+def test_partial_rollouts_never_return_nothing_and_respect_a_large_budget(tok):
+    from searchr1.agent import Partial
+
+    slow, slow2 = Q("s", "Slow?", ("Rome",)), Q("t", "Slow?", ("Rome",))
+    # the budget is spent after one turn but no group is complete until the third: nothing is set aside
+    partial = Partial(tokens=1, group_stride=2, may_carry=lambda v: True)
+    trajs, _ = _partial_run(tok, [slow, slow2], partial, lambda: 0)
+    assert len(trajs) == 4 and partial.carried == [] and partial.carried_out == 0
+    # a budget never reached cuts nothing
+    quick = Q("q", "Quick?", ("Paris",))
+    partial = Partial(tokens=10_000, group_stride=2, may_carry=lambda v: True)
+    trajs, _ = _partial_run(tok, [quick, slow], partial, lambda: 0)
+    assert sorted(t.qid for t in trajs) == ["q", "q", "s", "s"] and partial.carried == []
+
+
+def test_partial_rollouts_refuse_a_stride_that_would_merge_groups(tok):
+    from searchr1.agent import Partial
+
+    quick, slow = Q("q", "Quick?", ("Paris",)), Q("s", "Slow?", ("Rome",))
+    partial = Partial(tokens=1, group_stride=1, may_carry=lambda v: True)  # Slow's group 1 becomes 2
+    _partial_run(tok, [quick, slow], partial, lambda: 0)
+    with pytest.raises(ValueError, match="group_stride"):
+        _partial_run(tok, [quick, slow, quick], partial, lambda: 1)

@@ -41,6 +41,7 @@ def test_production_and_cpu_experiments():
     ("sync.method=sometimes", "sync.method='sometimes'"),
     ("sync.codec=zstd", "sync.codec='zstd'"),
     ("retriever.top_k=0", "retriever.top_k=0"),
+    ("schedule.partial_tokens=512", "schedule.partial_tokens=512"),  # sync: partial rollouts need streaming
 ])
 def test_out_of_range_values_name_the_key(override, needle):
     with pytest.raises(SystemExit) as err:
@@ -183,3 +184,12 @@ def test_compute_dtypes_take_their_short_spellings():
     assert (cfg.trainer.compute_dtype, cfg.engine.compute_dtype) == ("float32", "bfloat16")
     with pytest.raises(SystemExit, match="trainer.compute_dtype"):
         compose_cfg("trainer.compute_dtype=fp16")
+
+
+def test_partial_rollouts_compose_with_streaming_only_and_without_dynamic_sampling():
+    cfg = compose_cfg("+experiment=search_r1_cpu", "schedule=streaming", "schedule.partial_tokens=512")
+    assert (cfg.schedule.name, cfg.schedule.partial_tokens) == ("streaming", 512)
+    for bad in (["schedule=pipelined", "schedule.partial_tokens=512"],
+                ["schedule=streaming", "schedule.partial_tokens=512", "algo.oversample=3"]):
+        with pytest.raises(SystemExit, match="schedule.partial_tokens=512"):
+            compose_cfg("+experiment=search_r1_cpu", *bad)

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from searchr1 import faults
+from searchr1.agent import Partial
 from searchr1.config import Config
 from searchr1.dist import Topology
 from searchr1.liveness import RunEnded, StopRequested, Stopped, spread_stop
@@ -46,6 +47,10 @@ class RolloutRole:
         first = start["step"]
         self.schedule = make_schedule(cfg, first)
         self.weights = self.weights_in_factory(first)
+        # partial rollouts: the groups this rank set aside go on in its next step (lost at a stop: their
+        # questions were drawn for a step that is done or will be redone with new ones)
+        partial = Partial(cfg.schedule.partial_tokens, cfg.algo.questions_per_step) \
+            if cfg.schedule.partial_tokens else None
         t = PhaseTimer()
         self._apply(first, t)  # the full export of the version the run starts from
         if start["evaluate"]:
@@ -58,9 +63,12 @@ class RolloutRole:
             sizes = self.worker.splits.sizes(self.schedule.stage(step))
             unit = self.schedule.units(step, topo.n_rollout, sizes)[topo.rollout_index]
             version = self._between_turns if self.schedule.turn_updates else (lambda: self.weights.applied)
+            rl = self.schedule.stage(step) == "rl"
+            if partial is not None:  # a group may wait only for a next step that admits its oldest turn
+                partial.may_carry = lambda v, nxt=step + 1: nxt < self.schedule.steps and self.schedule.admits(nxt, v)
             with t("rollout"):
                 faults.hit("rollout", topo.rank, step)
-                trajs, m = self.worker.generate(unit, version, self.schedule.stage(step))
+                trajs, m = self.worker.generate(unit, version, self.schedule.stage(step), partial if rl else None)
             with t("transfer"):
                 self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m,
                                          "engine_dtype": self.worker.compute_dtype}, step=step,

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from searchr1 import metrics
-from searchr1.agent import run_episodes, sampling_for
+from searchr1.agent import Partial, run_episodes, sampling_for
 from searchr1.config import Config, ModelConfig
 from searchr1.data import Question, Splits
 from searchr1.engines import make_engine
@@ -49,10 +49,12 @@ class Worker:
         log.info("rollout worker ready: index of %d passages in %.1fs, %s engine in %.1fs",
                  len(splits.corpus), t1 - t0, cfg.engine.name, time.perf_counter() - t1)
 
-    def generate(self, unit: Unit, version: Callable[[], int], stage: str = "rl") -> tuple[list, dict]:
+    def generate(self, unit: Unit, version: Callable[[], int], stage: str = "rl",
+                 partial: Partial | None = None) -> tuple[list, dict]:
         """One work unit: `algo.group_size` sampled trajectories per question, seeded by the unit; `version()`
         names the weights each turn is generated with. In the warm start's stage, one scripted trajectory per
-        question instead (searchr1/scripted.py)."""
+        question instead (searchr1/scripted.py). `partial`: this rank's partial rollouts (searchr1/agent.py),
+        whose carried groups go on before the unit's questions, and which may keep some of them for later."""
         pool = self.splits.pool(stage)
         questions = [pool[i] for i in unit.questions]
         if stage == "sft":
@@ -62,7 +64,10 @@ class Worker:
                                      self.score, unit.group_offset)
         sampling = sampling_for(self.cfg.agent, self.cfg.sampling, seed=unit.seed)
         trajs, m = run_episodes(self.engine, questions, self.cfg.algo.group_size, self.retrieve, self.cfg.agent,
-                                sampling, self.score, version, group_offset=unit.group_offset)
+                                sampling, self.score, version, group_offset=unit.group_offset, partial=partial)
+        if partial is not None:
+            m[metrics.GROUPS_CARRIED_IN], m[metrics.GROUPS_CARRIED_OUT] = float(partial.carried_in), \
+                float(partial.carried_out)
         if unit.keep:  # dynamic sampling: only the groups kept are sent (searchr1/grpo.py varied_groups_first)
             by_group: dict[int, list] = {}
             for tr in trajs:

@@ -194,6 +194,7 @@ def main() -> int:
     ap.add_argument("--pool", nargs="+", metavar="DIR",
                     help="pool the exported bench folders of several seeds (each holds schedules.json and <mode>/) into "
                          "OUT/bench/schedules_seeds.json, a table and a plot; runs nothing")
+    ap.add_argument("--readme", help="with --pool: also write the table into this file's schedules block")
     ap.add_argument("--model-only", action="store_true",
                     help="recompute the machine model into the existing schedules.json from its exported sync run")
     args = ap.parse_args()
@@ -201,7 +202,7 @@ def main() -> int:
     if args.pool:
         from schedules_seeds import pool_seeds
 
-        return pool_seeds([Path(d) for d in args.pool], out)
+        return pool_seeds([Path(d) for d in args.pool], out, Path(args.readme) if args.readme else None)
     if args.model_only:
         path = out / "bench" / "schedules.json"
         report = json.loads(path.read_text())

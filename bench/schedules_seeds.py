@@ -41,7 +41,28 @@ def smallest_detectable_loss(n: int, discordant: int) -> float:
     return 100 * (1.959964 + 0.841621) * math.sqrt(psi / n)
 
 
-def pool_seeds(folders: list[Path], out: Path) -> int:
+BEGIN = ("<!-- schedules:begin (python bench/schedules.py --pool results/placement/alternate_amx "
+         "results/placement/alternate_amx_s1 results/placement/alternate_amx_s2 --readme README.md) -->\n")
+END = "<!-- schedules:end -->"
+COMMITTED = ["results/placement/alternate_amx", "results/placement/alternate_amx_s1", "results/placement/alternate_amx_s2"]
+
+
+def pool_seeds(folders: list[Path], out: Path, readme: Path | None = None) -> int:
+    """Writes OUT/bench/schedules_seeds.json and .png, prints the table, and puts it in `readme`'s block."""
+    result = pooled(folders)
+    (out / "bench").mkdir(parents=True, exist_ok=True)
+    (out / "bench" / "schedules_seeds.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    plot(result, out / "bench" / "schedules_seeds.png")
+    if readme is not None:
+        from searchr1.transfer import replace_block
+
+        replace_block(readme, BEGIN, END, table(result) + "\n")
+    return 0
+
+
+def pooled(folders: list[Path]) -> dict:
+    """Every mode that every folder ran, per seed against its own seed's sync, and pooled over the seeds."""
     reports = {}
     for f in folders:
         rep = _report(f)
@@ -93,11 +114,7 @@ def pool_seeds(folders: list[Path], out: Path) -> int:
             # the loss the pooled test could have called, on all the seeds' questions together
             entry["smallest_detectable_loss_points"] = smallest_detectable_loss(n, pooled.only_a + pooled.only_b)
         result["modes"][mode] = entry
-    (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "schedules_seeds.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result))
-    plot(result, out / "bench" / "schedules_seeds.png")
-    return 0
+    return result
 
 
 def table(result: dict) -> str:

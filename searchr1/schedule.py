@@ -14,7 +14,9 @@ is s - (the oldest version any of its turns was generated with); `max_lag` bound
 - `streaming`: rollouts generate continuously with the newest weights they hold, picking up new ones between
   turns; a unit of step s may only start once they hold version s - k or newer (admission control, as in
   AReaL's staleness bound), so nothing past the bound is generated, rather than generated and then dropped
-  (dropping stale samples biases training toward short, search-free trajectories).
+  (dropping stale samples biases training toward short, search-free trajectories). With
+  `schedule.partial_tokens`, a step's unfinished groups may wait for the rank's next step (searchr1/agent.py
+  Partial) when that step still admits their oldest turn: the bound above holds for them too.
 """
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ def plot(result: dict, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for mode, e in result["modes"].items():
         marker = "s" if mode.startswith("streaming") else ("o" if mode != "sync" else "D")
-        x = e["lag"] + (0.15 if mode.startswith("streaming") else 0.0)
+        x = e["lag"] + {"streaming_k2": 0.15, "streaming_k2_partial": 0.35}.get(mode, 0.0)
         a.errorbar([x], [e["em_pct"]], yerr=[[e["em_pct"] - e["ci95"][0]], [e["ci95"][1] - e["em_pct"]]],
                    fmt=marker, capsize=3, label=mode)
         for r in e["per_seed"]:

@@ -184,7 +184,8 @@ class FakeWorker:
     def __init__(self, splits, delay_s=0.0):
         self.splits, self.delay_s = splits, delay_s
 
-    def generate(self, unit, version, stage="rl"):
+    def generate(self, unit, version, stage="rl", partial=None):
+        assert partial is None  # these tests run no partial rollouts
         time.sleep(self.delay_s)
         trajs = [Trajectory(qid=f"q{q}", group=unit.group_offset + i, prompt_ids=[1], response_ids=[2],
                             loss_mask=[1], logprobs=[0.0], reward=float(q % 2), turn_versions=[version()])

@@ -282,9 +282,8 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
             for (ep, _), ids in zip(searching, body_ids):
                 _insert_info(ep, head, ids, tail, cfg)
         turn += 1
-        # the cut waits for a complete group: a call never returns nothing
-        if not cut and generated >= partial.tokens and any(_complete(g) for g in _groups(episodes).values()):
-            aside, cut = _set_aside(episodes, partial), True
+        if not cut and generated >= partial.tokens:
+            aside, cut = _set_aside(episodes, partial)
     trajectories = [_finish(ep, tok, score) for ep in episodes if ep.group not in aside]
     if partial:
         partial.carried = [ep for ep in episodes if ep.group in aside]
@@ -294,20 +293,16 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
     return trajectories, rollout_metrics(trajectories, generation_s, retrieval_s, time.perf_counter() - started)
 
 
-def _groups(episodes: list[_Episode]) -> dict[int, list[_Episode]]:
+def _set_aside(episodes: list[_Episode], partial: Partial) -> tuple[set[int], bool]:
+    """Once the budget is spent: the unfinished groups that the lag bound lets wait, and whether the cut is made.
+    It waits for a complete group, so that a call never returns nothing."""
     groups: dict[int, list[_Episode]] = {}
     for ep in episodes:
         groups.setdefault(ep.group, []).append(ep)
-    return groups
-
-
-def _complete(group: list[_Episode]) -> bool:
-    return all(ep.stop_reason for ep in group)
-
-
-def _set_aside(episodes: list[_Episode], partial: Partial) -> set[int]:
-    """The unfinished groups to carry once the budget is spent: each that the lag bound lets wait."""
-    return {gid for gid, g in _groups(episodes).items() if not _complete(g) and partial.may_carry(_group_oldest(g))}
+    complete = {gid for gid, g in groups.items() if all(ep.stop_reason for ep in g)}
+    if not complete:
+        return set(), False
+    return {gid for gid, g in groups.items() if gid not in complete and partial.may_carry(_group_oldest(g))}, True
 
 
 def _finish(ep: _Episode, tok, score: Score) -> Trajectory:

@@ -63,12 +63,11 @@ class RolloutRole:
             sizes = self.worker.splits.sizes(self.schedule.stage(step))
             unit = self.schedule.units(step, topo.n_rollout, sizes)[topo.rollout_index]
             version = self._between_turns if self.schedule.turn_updates else (lambda: self.weights.applied)
-            rl = self.schedule.stage(step) == "rl"
             if partial is not None:  # a group may wait only for a next step that admits its oldest turn
                 partial.may_carry = lambda v, nxt=step + 1: nxt < self.schedule.steps and self.schedule.admits(nxt, v)
             with t("rollout"):
                 faults.hit("rollout", topo.rank, step)
-                trajs, m = self.worker.generate(unit, version, self.schedule.stage(step), partial if rl else None)
+                trajs, m = self.worker.generate(unit, version, self.schedule.stage(step), partial)
             with t("transfer"):
                 self.channel.put(BATCH, {"unit": unit, "trajectories": trajs, "metrics": m,
                                          "engine_dtype": self.worker.compute_dtype}, step=step,

@@ -13,8 +13,10 @@ step, on the local placement that gives the trainer and the rollout a core each 
     streaming_k2              continuous generation, weights taken between turns, admission bound 2
     streaming_k2_partial      the same with partial rollouts: unfinished groups may wait for the next step
 
-The sync run does `--steps` RL steps; the others run for as long as sync took (`--steps` x the sync seconds
-per step, capped at 2x the steps), so that held-out EM compares at equal steps and at equal wall time. Written:
+Every run does `--steps` RL steps (equal steps). Then each overlapping mode runs again, from the same start and
+seed, for the steps it had completed when sync's RL time was up (extrapolated from its mean step where it was
+faster): a run repeats itself step by step, so that rerun is the first run stopped at sync's wall time, and its
+end evaluation is held-out EM at equal wall time (`--equal-steps` skips these reruns). Written:
 results/schedules/<name>/ (each run's light files) and results/bench/schedules.json (every figure), plus a
 model of the production shape (2 trainer + 14 rollout GPUs, Qwen2.5-3B, the seed's 24.3 s per step) fed by the
 measured phase times.
@@ -60,6 +62,8 @@ PLACEMENTS = {
     "alternate": ["cluster.placement=alternate"],
 }
 EVAL_S = "time/rollout/eval_s"
+# a step's time varies by a few percent between runs of one schedule: a run within 2% of sync's RL time has kept pace
+WALL_SLACK = 1.02
 SEED_STEP_S = 24.3  # the seed's seconds per step, 2 trainer + 14 rollout GPUs, Qwen2.5-3B (synchronous)
 
 
@@ -104,11 +108,7 @@ def summarize(run: Path, sync_wall_s: float | None) -> dict:
         vals = [r[key] for r in rl if isinstance(r.get(key), (int, float))]
         if vals:
             out["importance_weights"][key] = {"mean": sum(vals) / len(vals), "max": max(vals)}
-    # the wall clock of each evaluation: the RL seconds done when it was taken
-    elapsed, clock = {}, 0.0
-    for r in train:
-        clock += r[K.STEP_S] - r.get(EVAL_S, 0.0) if r.get("stage", "rl") == "rl" else 0.0
-        elapsed[r[K.STEP]] = clock
+    elapsed = rl_clock(train)
     out["evals"] = []
     for e in evals:
         lo, hi = wilson(e[K.EVAL_EM_COUNT], e[K.EVAL_N])
@@ -116,9 +116,32 @@ def summarize(run: Path, sync_wall_s: float | None) -> dict:
                              "em_pct": 100 * e[K.EVAL_EM], "ci95": [100 * lo, 100 * hi], "f1": e[K.EVAL_F1],
                              "rl_wall_s": elapsed.get(e[K.STEP], 0.0)})
     if sync_wall_s is not None:
-        within = [e for e in out["evals"] if e["rl_wall_s"] <= sync_wall_s * 1.02]
-        out["em_at_sync_wall_time"] = within[-1] if within else None
+        out["steps_at_sync_wall_time"] = steps_at_wall(elapsed, sync_wall_s)
     return out
+
+
+def rl_clock(train: list[dict]) -> dict[int, float]:
+    """The RL seconds done after each step (an evaluation inside a step is not training time)."""
+    elapsed, clock = {}, 0.0
+    for r in train:
+        clock += r[K.STEP_S] - r.get(EVAL_S, 0.0) if r.get("stage", "rl") == "rl" else 0.0
+        elapsed[r[K.STEP]] = clock
+    return elapsed
+
+
+def steps_at_wall(elapsed: dict[int, float], wall_s: float) -> int:
+    """The steps a run had completed when `wall_s` RL seconds were up; past its last step, what its mean step
+    would have added. At least one: every run is evaluated after a step."""
+    steps, budget = max(elapsed), wall_s * WALL_SLACK
+    if elapsed[steps] > budget:
+        return max(1, sum(1 for s in elapsed if elapsed[s] <= budget))
+    return max(steps, math.floor(budget / (elapsed[steps] / steps)))
+
+
+def vs_sync(base: list[dict], path: Path) -> dict:
+    p = paired_predictions(base, read_predictions(path))
+    return {"sync": p.a_correct, "this": p.b_correct, "n": p.n, "only_sync": p.only_a, "only_this": p.only_b,
+            "mcnemar_p": p.p_value}
 
 
 def production_model(sync: dict, runs: dict) -> dict:
@@ -183,7 +206,7 @@ def main() -> int:
                                    "instead of making a warm start first")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     ap.add_argument("--equal-steps", action="store_true",
-                    help="every mode runs --steps steps (no equal-wall-time comparison past sync's end)")
+                    help="compare at equal steps only (no reruns stopped at sync's wall time)")
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "schedules"))
     ap.add_argument("--stamp", help="the runs of an earlier bench (their folder suffix): completed ones are reused")
     ap.add_argument("--out", default=str(ROOT / "results"))
@@ -233,21 +256,27 @@ def main() -> int:
     for name, extra in MODES.items():
         if name == "sync" or name not in modes:
             continue
-        # past sync's wall time at the speedup hoped for; equal steps read step N
-        steps = args.steps if args.equal_steps else math.ceil(args.steps * 1.8)
-        runs[name] = launch(run_root, f"{name}-{stamp}", f"steps={steps}", *start, *evals, "eval_before=false",
+        runs[name] = launch(run_root, f"{name}-{stamp}", f"steps={args.steps}", *start, *evals, "eval_before=false",
                             *extra, placement=args.placement)
         results[name] = summarize(runs[name], results["sync"]["rl_wall_s"])
         results[name]["speedup_steps_per_hour"] = results[name]["steps_per_hour"] / results["sync"]["steps_per_hour"]
     # equal steps: the evaluation at step N of every run against sync's, question by question
     final = f"step_{args.steps:06d}.jsonl"
     base = read_predictions(sync / "predictions" / final)
-    for name, run in runs.items():
-        if name != "sync" and (run / "predictions" / final).exists():
-            p = paired_predictions(base, read_predictions(run / "predictions" / final))
-            results[name]["vs_sync_at_equal_steps"] = {"sync": p.a_correct, "this": p.b_correct, "n": p.n,
-                                                      "only_sync": p.only_a, "only_this": p.only_b,
-                                                      "mcnemar_p": p.p_value}
+    for name, run in list(runs.items()):
+        if name == "sync":
+            continue
+        results[name]["vs_sync_at_equal_steps"] = vs_sync(base, run / "predictions" / final)
+        if args.equal_steps:
+            continue
+        # equal wall time: the same run stopped (or carried on) where sync's RL time ran out
+        n = results[name]["steps_at_sync_wall_time"]
+        if n != args.steps:
+            runs[f"{name}_wall"] = launch(run_root, f"{name}-wall{n}-{stamp}", f"steps={n}", *start, *evals,
+                                          "eval_before=false", *MODES[name], placement=args.placement)
+        key = f"{name}_wall" if f"{name}_wall" in runs else name
+        results[name]["vs_sync_at_equal_wall_time"] = {
+            "steps": n, "run": key, **vs_sync(base, runs[key] / "predictions" / f"step_{n:06d}.jsonl")}
     recs = [r for r in K.read_metrics(sync / "metrics.jsonl") if r[K.KIND] == K.TRAIN and r.get("stage") != "sft"]
     results["sync"]["phase_s"] = {"rollout": sum(r.get("time/rollout/rollout_s", 0.0) for r in recs) / len(recs),
                                   "train": sum(r.get("time/trainer/train_s", 0.0) for r in recs) / len(recs)}

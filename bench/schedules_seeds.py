@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from searchr1 import metrics as K  # noqa: E402
 from searchr1.evaluation import read_predictions  # noqa: E402
 from searchr1.stats import paired_predictions, pool, wilson  # noqa: E402
 
@@ -74,11 +75,14 @@ def pooled(folders: list[Path]) -> dict:
     steps = {rep["steps"] for _, rep in reports.values()}
     if len(steps) != 1:
         raise SystemExit(f"the folders' benches ran different step counts: {sorted(steps)}")
-    final = f"step_{steps.pop():06d}.jsonl"
+    last = steps.pop()
+    final = f"step_{last:06d}.jsonl"
     modes = [m for m in LAG if all(m in rep["runs"] for _, rep in reports.values())]
-    result = {"seeds": sorted(reports), "folders": [str(reports[s][0]) for s in sorted(reports)], "modes": {}}
+    # equal wall time where every seed's bench measured it (an older bench compared at equal steps only)
+    walled = {m for m in modes if all("vs_sync_at_equal_wall_time" in rep["runs"][m] for _, rep in reports.values())}
+    result = {"seeds": sorted(reports), "steps": last, "folders": [str(reports[s][0]) for s in sorted(reports)], "modes": {}}
     for mode in modes:
-        per_seed, paired = [], []
+        per_seed, paired, paired_wall = [], [], []
         for seed in sorted(reports):
             folder, rep = reports[seed]
             run = rep["runs"][mode]
@@ -96,6 +100,15 @@ def pooled(folders: list[Path]) -> dict:
             else:
                 p = paired_predictions(read_predictions(folder / "sync" / "predictions" / final), preds)
                 row["vs_sync"] = {"only_sync": p.only_a, "only_this": p.only_b, "mcnemar_p": p.p_value}
+            if mode in walled:
+                wall = run["vs_sync_at_equal_wall_time"]
+                w = paired_predictions(read_predictions(folder / "sync" / "predictions" / final),
+                                       read_predictions(folder / wall["run"] / "predictions" / f"step_{wall['steps']:06d}.jsonl"))
+                row["at_sync_wall_time"] = {"steps": wall["steps"], "em": w.b_correct, "only_sync": w.only_a,
+                                            "only_this": w.only_b, "mcnemar_p": w.p_value}
+                if wall["run"] != mode:
+                    row["at_sync_wall_time"]["repeats_first_run"] = repeats(folder / mode, folder / wall["run"])
+                paired_wall.append(w)
             paired.append(p)
             per_seed.append(row)
         pooled = pool(paired)
@@ -113,8 +126,30 @@ def pooled(folders: list[Path]) -> dict:
         if mode != "sync":
             # the loss the pooled test could have called, on all the seeds' questions together
             entry["smallest_detectable_loss_points"] = smallest_detectable_loss(n, pooled.only_a + pooled.only_b)
+        if paired_wall:
+            pw, em_w = pool(paired_wall), sum(r["at_sync_wall_time"]["em"] for r in per_seed)
+            lo, hi = wilson(em_w, n)
+            entry["at_sync_wall_time"] = {"em_total": em_w, "em_pct": 100 * em_w / n, "ci95": [100 * lo, 100 * hi],
+                                          "pooled": {"only_a": pw.only_a, "only_b": pw.only_b, "p": pw.p_value},
+                                          "smallest_detectable_loss_points":
+                                              smallest_detectable_loss(n, pw.only_a + pw.only_b)}
         result["modes"][mode] = entry
     return result
+
+
+REPEATED = ("rollout/reward", "rollout/searches", "train/loss", "train/grad_norm")
+
+
+def repeats(first: Path, rerun: Path) -> dict:
+    """Whether a rerun stopped early trained what the first run trained in the same steps: per step, the sampled
+    reward and searches equal, the loss and gradient norm within float noise. Equal wall time reads the rerun's end
+    as the first run's state at that step, which holds only if this does."""
+    def steps(run):
+        return {r[K.STEP]: r for r in K.read_metrics(run / "metrics.jsonl") if r[K.KIND] == K.TRAIN}
+    a, b = steps(first), steps(rerun)
+    worst = max((abs(a[s][k] - b[s][k]) / max(abs(a[s][k]), 1e-12) for s in b for k in REPEATED[2:]), default=0.0)
+    same = all(a[s][k] == b[s][k] for s in b for k in REPEATED[:2])
+    return {"steps": len(b), "samples_equal": same, "max_rel_diff_loss_grad": worst, "holds": same and worst < 1e-3}
 
 
 def table(result: dict) -> str:
@@ -135,6 +170,21 @@ def table(result: dict) -> str:
         lines.append(f"| {mode} | {e['lag']} | {ems} (seeds {', '.join(map(str, seeds))}) | "
                      f"{e['em_total']}/{e['n_total']} ({e['em_pct']:.1f}%, {e['ci95'][0]:.1f}-{e['ci95'][1]:.1f}) | "
                      f"{vs} | {pooled} | {sdl} | {e['speedup_mean']:.2f}x | {e['useful_work_fraction_mean']:.2f} |")
+    walled = {m: e for m, e in result["modes"].items() if "at_sync_wall_time" in e}
+    if walled:
+        lines += ["", "At equal wall time (each run stopped at the step it had completed when its seed's sync ended):", "",
+                  "| schedule | lag | steps done in sync's RL time, per seed | EM then, per seed | all seeds | vs sync "
+                  f"at step {result['steps']}: only sync / only this, per seed | pooled, p | smallest loss detectable |",
+                  "|" + "---|" * 8]
+        for mode, e in walled.items():
+            w, rows = e["at_sync_wall_time"], [r["at_sync_wall_time"] for r in e["per_seed"]]
+            vs = ", ".join(f"{r['only_sync']}/{r['only_this']}" for r in rows)
+            lines.append(f"| {mode} | {e['lag']} | {', '.join(str(r['steps']) for r in rows)} | "
+                         f"{', '.join(str(r['em']) for r in rows)} | "
+                         f"{w['em_total']}/{e['n_total']} ({w['em_pct']:.1f}%, {w['ci95'][0]:.1f}-{w['ci95'][1]:.1f}) | "
+                         f"{vs} | "
+                         f"{w['pooled']['only_a']} / {w['pooled']['only_b']}, p = {w['pooled']['p']:.2g} | "
+                         f"{w['smallest_detectable_loss_points']:.1f} points |")
     return "\n".join(lines)
 
 
@@ -152,9 +202,12 @@ def plot(result: dict, path: Path) -> None:
                    fmt=marker, capsize=3, label=mode)
         for r in e["per_seed"]:
             a.scatter([x + 0.3], [100 * r["em"] / r["n"]], s=8, color="grey")
+        if "at_sync_wall_time" in e:  # hollow: the same schedule stopped where sync's time ran out
+            a.scatter([x + 0.1], [e["at_sync_wall_time"]["em_pct"]], marker=marker, facecolors="none",
+                      edgecolors="black", s=28)
         b.scatter([x], [e["speedup_mean"]], marker=marker, label=mode)
     a.set(xlabel="policy lag (versions)", ylabel="held-out EM, % (all seeds; grey: each seed)",
-          title=f"EM at equal steps, seeds {result['seeds']}")
+          title=f"EM at equal steps (hollow: equal wall time), seeds {result['seeds']}")
     b.axhline(1.0, color="grey", lw=0.5)
     b.set(xlabel="policy lag (versions)", ylabel="steps/hour vs sync (mean over seeds)", title="throughput")
     a.legend(fontsize=7)

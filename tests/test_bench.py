@@ -139,9 +139,18 @@ def test_the_schedules_machine_model_by_hand(tmp_path):
     assert model["measured"]["sync"]["step_s"] == pytest.approx(14.0)
 
 
+def test_the_steps_a_run_had_done_at_syncs_wall_time():
+    """Steps ending at 10, 20 and 30 RL seconds. Sync's 25 s (25.5 s within the 2% slack) hold 2 of them;
+    sync's 60 s (61.2 s) would have held 6 at 10 s a step; a budget shorter than one step still evaluates one."""
+    at = _bench("schedules").steps_at_wall
+    clock = {1: 10.0, 2: 20.0, 3: 30.0}
+    assert (at(clock, 25.0), at(clock, 60.0), at(clock, 30.0), at(clock, 1.0)) == (2, 6, 3, 1)
+
+
 def test_the_schedules_seeds_pooled_by_hand(tmp_path):
     """Two seeds of sync and pipelined_k1 over 10 questions. Seed 0: sync right on q0-q3, k1 on q0-q1 and q4
-    (only sync 2, only k1 1); seed 1: sync right on q0, k1 on q0-q2 (0 / 2). Pooled 2 / 3, p = 1; EM 3 + 3 of 20."""
+    (only sync 2, only k1 1); seed 1: sync right on q0, k1 on q0-q2 (0 / 2). Pooled 2 / 3, p = 1; EM 3 + 3 of 20.
+    At equal wall time seed 0's k1 had done 2 steps (its rerun right on q5-q9: 4 / 5), seed 1's all 3: pooled 4 / 7."""
     sdl = _bench("schedules_seeds")
 
     def write(folder, mode, step, right):
@@ -151,13 +160,24 @@ def test_the_schedules_seeds_pooled_by_hand(tmp_path):
                 f.write(json.dumps({"id": f"q{q}", "em": int(q in right)}) + "\n")
 
     runs = {"steps_per_hour": 100.0, "useful_work_fraction": 0.5}
+    seed_noise = 1e-7  # float noise in the rerun's loss: it still repeats the first run
     for seed, sync, k1 in ((0, {0, 1, 2, 3}, {0, 1, 4}), (1, {0}, {0, 1, 2})):
         folder = tmp_path / f"s{seed}"
         write(folder, "sync", 0, set())
         write(folder, "sync", 3, sync)
         write(folder, "pipelined_k1", 3, k1)
+        wall = {"steps": 3, "run": "pipelined_k1"} if seed else {"steps": 2, "run": "pipelined_k1_wall"}
+        if not seed:
+            write(folder, "pipelined_k1_wall", 2, {5, 6, 7, 8, 9})
+            for mode, steps, loss in (("pipelined_k1", 3, 0.5), ("pipelined_k1_wall", 2, 0.5 + seed_noise)):
+                with open(folder / mode / "metrics.jsonl", "w") as f:
+                    for step in range(1, steps + 1):
+                        f.write(json.dumps({"kind": "train", "step": step, "rollout/reward": 0.25 * step,
+                                            "rollout/searches": 1.0, "train/loss": loss * step,
+                                            "train/grad_norm": 2.0}) + "\n")
         (folder / "schedules.json").write_text(json.dumps({"steps": 3, "seed": seed, "runs": {
-            "sync": runs, "pipelined_k1": {**runs, "speedup_steps_per_hour": 1.5, "useful_work_fraction": 0.8}}}))
+            "sync": runs, "pipelined_k1": {**runs, "speedup_steps_per_hour": 1.5, "useful_work_fraction": 0.8,
+                                           "vs_sync_at_equal_wall_time": wall}}}))
     assert sdl.pool_seeds([tmp_path / "s0", tmp_path / "s1"], tmp_path / "out") == 0
     res = json.loads((tmp_path / "out" / "bench" / "schedules_seeds.json").read_text())
     k1 = res["modes"]["pipelined_k1"]
@@ -166,6 +186,17 @@ def test_the_schedules_seeds_pooled_by_hand(tmp_path):
                                                        {"only_sync": 0, "only_this": 2, "mcnemar_p": 0.5}]
     assert (k1["pooled"]["only_a"], k1["pooled"]["only_b"], k1["pooled"]["p"]) == (2, 3, 1.0)
     assert k1["speedup_mean"] == 1.5 and k1["useful_work_fraction_mean"] == 0.8
+    assert k1["per_seed"][0]["at_sync_wall_time"].pop("repeats_first_run")["holds"]
+    assert [r["at_sync_wall_time"] for r in k1["per_seed"]] == [
+        {"steps": 2, "em": 5, "only_sync": 4, "only_this": 5, "mcnemar_p": 1.0},
+        {"steps": 3, "em": 3, "only_sync": 0, "only_this": 2, "mcnemar_p": 0.5}]
+    assert k1["at_sync_wall_time"]["em_total"] == 8 and k1["at_sync_wall_time"]["pooled"]["only_a"] == 4
+    assert k1["at_sync_wall_time"]["pooled"]["only_b"] == 7 and "at_sync_wall_time" not in res["modes"]["sync"]
+    assert "| pipelined_k1 | 1 | 2, 3 | 5, 3 | 8/20" in sdl.table(res)
+    # a rerun that sampled otherwise at step 2 is not the first run stopped early
+    other = tmp_path / "s0" / "pipelined_k1_wall" / "metrics.jsonl"
+    other.write_text(other.read_text().replace('"rollout/reward": 0.5', '"rollout/reward": 0.375'))
+    assert not sdl.repeats(tmp_path / "s0" / "pipelined_k1", other.parent)["holds"]
     sync = res["modes"]["sync"]
     assert [r["vs_start"]["only_end"] for r in sync["per_seed"]] == [4, 1] and sync["em_total"] == 5
     # 5 discordant of 20: (1.96 + 0.84) * sqrt(0.25 / 20) = 0.313

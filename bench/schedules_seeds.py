@@ -142,14 +142,24 @@ REPEATED = ("rollout/reward", "rollout/searches", "train/loss", "train/grad_norm
 
 def repeats(first: Path, rerun: Path) -> dict:
     """Whether a rerun stopped early trained what the first run trained in the same steps: per step, the sampled
-    reward and searches equal, the loss and gradient norm within float noise. Equal wall time reads the rerun's end
-    as the first run's state at that step, which holds only if this does."""
+    reward and searches equal, the loss and gradient norm within float noise. Where it holds, the rerun's end is the first
+    run's state at that step; where it does not (streaming: which weights a group starts under depends on when an
+    update lands), the rerun is a second draw of the same schedule from the same start, still stopped at sync's
+    wall time."""
     def steps(run):
         return {r[K.STEP]: r for r in K.read_metrics(run / "metrics.jsonl") if r[K.KIND] == K.TRAIN}
     a, b = steps(first), steps(rerun)
     worst = max((abs(a[s][k] - b[s][k]) / max(abs(a[s][k]), 1e-12) for s in b for k in REPEATED[2:]), default=0.0)
-    same = all(a[s][k] == b[s][k] for s in b for k in REPEATED[:2])
-    return {"steps": len(b), "samples_equal": same, "max_rel_diff_loss_grad": worst, "holds": same and worst < 1e-3}
+    differ = [s for s in sorted(b) if any(a[s][k] != b[s][k] for k in REPEATED[:2])]
+    return {"steps": len(b), "samples_equal": not differ, "first_step_differing": differ[0] if differ else None,
+            "max_rel_diff_loss_grad": worst, "holds": not differ and worst < 1e-3}
+
+
+def same_path(at_wall: dict) -> str:
+    r = at_wall.get("repeats_first_run")
+    if r is None:
+        return "not rerun"
+    return "yes" if r["holds"] else f"parts at step {r['first_step_differing']}"
 
 
 def table(result: dict) -> str:
@@ -174,8 +184,9 @@ def table(result: dict) -> str:
     if walled:
         lines += ["", "At equal wall time (each run stopped at the step it had completed when its seed's sync ended):", "",
                   "| schedule | lag | steps done in sync's RL time, per seed | EM then, per seed | all seeds | vs sync "
-                  f"at step {result['steps']}: only sync / only this, per seed | pooled, p | smallest loss detectable |",
-                  "|" + "---|" * 8]
+                  f"at step {result['steps']}: only sync / only this, per seed | pooled, p | smallest loss detectable "
+                  "| rerun repeats the first run's steps, per seed |",
+                  "|" + "---|" * 9]
         for mode, e in walled.items():
             w, rows = e["at_sync_wall_time"], [r["at_sync_wall_time"] for r in e["per_seed"]]
             vs = ", ".join(f"{r['only_sync']}/{r['only_this']}" for r in rows)
@@ -184,7 +195,7 @@ def table(result: dict) -> str:
                          f"{w['em_total']}/{e['n_total']} ({w['em_pct']:.1f}%, {w['ci95'][0]:.1f}-{w['ci95'][1]:.1f}) | "
                          f"{vs} | "
                          f"{w['pooled']['only_a']} / {w['pooled']['only_b']}, p = {w['pooled']['p']:.2g} | "
-                         f"{w['smallest_detectable_loss_points']:.1f} points |")
+                         f"{w['smallest_detectable_loss_points']:.1f} points | {'; '.join(map(same_path, rows))} |")
     return "\n".join(lines)
 
 

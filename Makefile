@@ -63,13 +63,13 @@ DTYPES ?= $(shell $(BIN)/python -c 'import torch; from searchr1.placement import
 SETS := 'data.eval_sets=[hotpotqa,2wiki,musique,nq]'
 # the controls run in the dtype every machine computes natively
 BASE_DTYPE := float32
-CPU := +experiment=search_r1_cpu run_root=$(REF)
 DT = trainer.compute_dtype=$(1) engine.compute_dtype=$(1)
 # the newest complete checkpoint of a run, as checkpoint.py (the owner of that layout) names it
 END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(REF)/$(1)"))')
-# run NAME OVERRIDES...: once, unless its folder already says COMPLETED
-RUN = test "$$(cat $(REF)/$(1)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
-  { rm -rf $(REF)/$(1) && $(BIN)/python launch.py $(CPU) run_name=$(1) $(2); }
+# RUNIN ROOT NAME OVERRIDES...: the CPU experiment once, unless its folder already says COMPLETED
+RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
+  { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(1) run_name=$(2) $(3); }
+RUN = $(call RUNIN,$(REF),$(1),$(2))
 results: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(SETS) $(call DT,$$d)); done; done
 	$(call RUN,flipped_$(BASE_DTYPE)_s0,seed=0 reward.scale=-1 $(call DT,$(BASE_DTYPE)))
@@ -86,8 +86,7 @@ results: install
 # The agent with each retriever (README, "As an agent"): the main job (bm25s) and one trained with hybrid, seed 0,
 # and the bm25s run's end checkpoint evaluated with dense and with hybrid; exported to results/retrievers/.
 RET := runs/retrievers
-RRUN = test "$$(cat $(RET)/$(1)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
-  { rm -rf $(RET)/$(1) && $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(RET) run_name=$(1) $(2); }
+RRUN = $(call RUNIN,$(RET),$(1),$(2))
 HYB := retriever=hybrid retriever.hybrid.fusion=weighted
 results-retrievers: install
 	$(call RRUN,bm25_s0,seed=0 checkpoint_every=6 keep_checkpoints=4)
@@ -102,8 +101,7 @@ results-retrievers: install
 # main study's seed 0 (results/cpu_main_float32_s0). Exported to results/algos/.
 ALG := runs/algos
 results-algos: install
-	test "$$(cat $(ALG)/ppo_float32_s0/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || { rm -rf $(ALG)/ppo_float32_s0 && \
-	  $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(ALG) run_name=ppo_float32_s0 algo=ppo seed=0 $(call DT,float32); }
+	$(call RUNIN,$(ALG),ppo_float32_s0,algo=ppo seed=0 $(call DT,float32))
 	rm -rf results/algos && mkdir -p results/algos
 	$(BIN)/python -m searchr1.rundir export $(ALG)/ppo_float32_s0 results/algos/cpu_ppo_float32_s0
 
@@ -113,8 +111,6 @@ results-algos: install
 WS := runs/warmstart
 WS_STEPS := 18
 NATIVE = $(firstword $(DTYPES))
-RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
-  { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(1) run_name=$(2) $(3); }
 DEV := data.dev_size=150 data.eval_on=dev
 results-warmstart: install
 	set -e; for s in $(SEEDS); do \

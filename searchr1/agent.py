@@ -79,7 +79,7 @@ DIRECT_EXAMPLE = (
 
 
 def build_prompt(tokenizer, question: str, search: bool = True, style: str = "search_r1") -> list[int]:
-    """The Search-R1 instruction as one user message in the model's own chat template.
+    """The Search-R1 instruction as one user message in the model's own chat template (plain text without one).
 
     style=search_r1_example adds one worked example before the question and opens the assistant turn with
     `<think>`; those prompt tokens are never trained on (the loss mask covers generated tokens only)."""
@@ -90,8 +90,11 @@ def build_prompt(tokenizer, question: str, search: bool = True, style: str = "se
         template = template.replace("Question: {question}",
                                     (SEARCH_EXAMPLE if search else DIRECT_EXAMPLE) + "Question: {question}")
     text = template.format(question=question.strip())
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+    else:  # a base model (Gemma-3-270M): the instruction as plain text after <bos>, as Search-R1 prompts base models
+        rendered = (tokenizer.bos_token or "") + text
     if style == "search_r1_example":
         rendered += "<think>"
     return tokenizer(rendered, add_special_tokens=False).input_ids

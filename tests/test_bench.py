@@ -215,3 +215,16 @@ def test_the_readme_shows_the_schedules_table_the_committed_seeds_give():
     assert sdl.BEGIN in readme and sdl.END in readme, "README.md lacks the schedules block"
     result = sdl.pooled([ROOT / f for f in sdl.COMMITTED])
     assert readme.split(sdl.BEGIN, 1)[1].split(sdl.END, 1)[0] == sdl.table(result) + "\n"
+
+
+def test_the_reader_bench_reads_one_line_per_prompt_on_the_tiny_model():
+    from searchr1.config import ModelConfig, TinyModelConfig
+    from searchr1.models import load_model
+
+    reader = _bench("reader")
+    model, tok = load_model(ModelConfig(name="tiny", source="tiny", tiny=TinyModelConfig(num_heads=2, num_kv_heads=1)))
+    shot = reader.prompt("Doc 1(Title: Paris) Paris is the capital of France.", "Capital of France?", "Paris")
+    assert shot.endswith("Answer: Paris\n\n")
+    prompts = [shot + reader.prompt("Doc 1(Title: Rome) Rome is in Italy.", q) for q in ("Where is Rome?", "Rome?")]
+    answers = reader.read_answers(model, tok, prompts, batch=2)
+    assert len(answers) == 2 and all("\n" not in a for a in answers)

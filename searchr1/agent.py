@@ -26,6 +26,10 @@ after the last allowed search is the final one. The text of one turn is parsed b
 - `no_action`: the turn ended with tags (say a closed `<think>`) but neither a search nor an answer: ends.
 - `model_information`: the model wrote `<information>` itself: counted only (the model must not invent it).
 
+With `force_answer`, the information block of the last allowed search is followed by `<answer>`, inserted like
+the information (loss mask 0, log-prob 0.0): the final turn is parsed as if the model had opened the tag, so it
+ends in an answer (or a malformed turn) instead of `search_over_limit`.
+
 Limits end a trajectory cleanly, scored as it stands: `max_new_tokens` (a turn that hit the per-turn cap
 without finishing an action), `max_context` (prompt + response would pass `max_context_tokens`: the turn is cut
 at the budget and the information block shortened to what fits). The answer counted is the last `<answer>`
@@ -56,6 +60,7 @@ DIRECT_INSTRUCTION = (
     "</answer>. Question: {question}\n")
 STOPS = ["</search>", "</answer>"]
 INFO_HEAD, INFO_TAIL = "\n\n<information>", "</information>\n\n"
+ANSWER_CUE = "<answer>"  # agent.force_answer's opening of the final turn
 EMPTY_QUERY_INFO = "No results: the search query was empty."
 MALFORMED_RULES = ("text_after_answer", "empty_answer", "multiple_search", "empty_query", "search_over_limit",
                    "unopened_tag", "unclosed_tag", "no_tags", "no_action", "model_information")
@@ -157,6 +162,7 @@ class _Episode:
     turn_versions: list[int] = field(default_factory=list)  # weights version of each generated turn
     info_tokens: int = 0
     stop_reason: str = ""  # empty while the episode is still running
+    forced: bool = False  # the agent opened this episode's final turn with ANSWER_CUE
     prediction: str | None = None
     malformed: list[str] = field(default_factory=list)
 
@@ -177,6 +183,16 @@ def _insert_info(ep: _Episode, head: list[int], body: list[int], tail: list[int]
     ep.info_tokens += len(ids)
     if ep.length() >= cfg.max_context_tokens:
         ep.stop_reason = "max_context"
+
+
+def _insert_cue(ep: _Episode, cue: list[int], cfg: AgentConfig) -> None:
+    if ep.length() + len(cue) >= cfg.max_context_tokens:
+        ep.stop_reason = "max_context"
+        return
+    ep.response_ids += cue
+    ep.loss_mask += [0] * len(cue)
+    ep.logprobs += [0.0] * len(cue)
+    ep.forced = True
 
 
 def _end_without_action(ep: _Episode, finish_reason: str) -> None:
@@ -236,6 +252,7 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
     generated, cut = 0, partial is None or partial.tokens <= 0
     head = tok(INFO_HEAD, add_special_tokens=False).input_ids
     tail = tok(INFO_TAIL, add_special_tokens=False).input_ids
+    cue = tok(ANSWER_CUE, add_special_tokens=False).input_ids
     generation_s = retrieval_s = 0.0
     turn = 0
     while True:
@@ -264,7 +281,7 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
             if len(ids) < len(gen.token_ids):
                 ep.stop_reason = "max_context"
                 continue
-            action = parse_turn(tok.decode(ids, skip_special_tokens=True))
+            action = parse_turn((ANSWER_CUE if ep.forced else "") + tok.decode(ids, skip_special_tokens=True))
             ep.malformed += action.malformed
             if action.kind == "answer":
                 ep.prediction, ep.stop_reason = action.content, "answer"
@@ -290,6 +307,8 @@ def run_episodes(engine: Engine, questions: list, group_size: int, retrieve: Cal
             body_ids = tok(bodies, add_special_tokens=False).input_ids
             for (ep, _), ids in zip(searching, body_ids):
                 _insert_info(ep, head, ids, tail, cfg)
+                if cfg.force_answer and ep.searches >= cfg.max_searches and not ep.stop_reason:
+                    _insert_cue(ep, cue, cfg)
         turn += 1
         if not cut and generated >= partial.tokens:
             aside, cut = _set_aside(episodes, partial)

@@ -98,6 +98,9 @@ class AgentConfig:
     max_new_tokens: int = 256  # per turn
     max_info_tokens: int = 512  # per <information> block
     max_context_tokens: int = 4096  # prompt + everything generated and inserted
+    # true: after the last allowed search's information the agent opens `<answer>` itself (s1's budget forcing),
+    # so a policy that would search on still ends with a scored answer; false: the paper's free final turn
+    force_answer: bool = False
 
     def __post_init__(self):
         _one_of("agent.prompt", self.prompt, registry.PROMPTS)

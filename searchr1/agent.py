@@ -177,9 +177,7 @@ def _insert_info(ep: _Episode, head: list[int], body: list[int], tail: list[int]
         ep.stop_reason = "max_context"
         return
     ids = head + body[:keep] + tail
-    ep.response_ids += ids
-    ep.loss_mask += [0] * len(ids)
-    ep.logprobs += [0.0] * len(ids)
+    _insert(ep, ids)
     ep.info_tokens += len(ids)
     if ep.length() >= cfg.max_context_tokens:
         ep.stop_reason = "max_context"
@@ -189,10 +187,15 @@ def _insert_cue(ep: _Episode, cue: list[int], cfg: AgentConfig) -> None:
     if ep.length() + len(cue) >= cfg.max_context_tokens:
         ep.stop_reason = "max_context"
         return
-    ep.response_ids += cue
-    ep.loss_mask += [0] * len(cue)
-    ep.logprobs += [0.0] * len(cue)
+    _insert(ep, cue)
     ep.forced = True
+
+
+def _insert(ep: _Episode, ids: list[int]) -> None:
+    """Tokens the agent puts into the context, not the model: never trained on, log-prob 0.0."""
+    ep.response_ids += ids
+    ep.loss_mask += [0] * len(ids)
+    ep.logprobs += [0.0] * len(ids)
 
 
 def _end_without_action(ep: _Episode, finish_reason: str) -> None:

@@ -24,6 +24,7 @@ def test_an_answer_counts_as_whole_words_after_normalisation():
 class Q:
     question: str
     answers: tuple
+    supporting_facts: tuple = ()
 
 
 def test_retrievable_reads_what_one_search_with_the_question_returns():
@@ -43,7 +44,28 @@ def test_answerable_reads_only_the_information_blocks():
         return Trajectory(qid="q", group=0, prompt_ids=[0], response_ids=ids, loss_mask=mask, logprobs=[0.0] * len(ids),
                           answers=["Paris"])
     # the gold is in an inserted block (mask 0) / only in the model's own answer turn (mask 1)
-    assert curriculum.answerable([traj([1, 2, 3], [1, 0, 1]), traj([4, 2], [0, 1])], Tok()) == [True, False]
+    qs = [Q("where", ("Paris",))] * 2
+    assert curriculum.answerable(qs, [traj([1, 2, 3], [1, 0, 1]), traj([4, 2], [0, 1])], Tok()) == [True, False]
+
+
+def test_a_yes_no_question_is_within_reach_only_with_its_evidence_and_only_when_asked():
+    both = Q("are a and b both french?", ("no",), (("A", 0), ("B", 1)))
+    found = {both.question: "Doc 1(Title: A) A is French.\nDoc 2(Title: B) B is Belgian. no"}
+    one = Q("is c french?", ("Yes",), (("C", 0), ("D", 0)))
+    found[one.question] = "Doc 1(Title: C) C is French, yes.\nDoc 2(Title: E) E."
+    search, render = (lambda queries: [found[q] for q in queries]), (lambda hits: hits)
+    # by default a yes/no question is judged like any other: by the word itself (here a stray "no"/"yes")
+    assert curriculum.retrievable([both, one], search, render) == [True, True]
+    # with yes_no, by the supporting paragraphs: both titles are there for the first, D is missing for the second
+    assert curriculum.retrievable([both, one], search, render, yes_no=True) == [True, False]
+    assert curriculum.holds_evidence("Doc 1(Title: A) x", ()) is False  # no supporting facts: no evidence
+    span = Q("who", ("Alice",), (("A", 0),))  # a span answer keeps the word rule under yes_no
+    assert curriculum.informs("Doc 1(Title: A) Bob.", span, yes_no=True) is False
+
+
+def test_yes_no_without_a_filtered_pool_is_refused_naming_the_key():
+    with pytest.raises(SystemExit, match="curriculum.yes_no"):
+        compose_config(["curriculum.yes_no=true"])
 
 
 def test_pools_are_the_same_on_every_rank_and_recorded_by_stage():

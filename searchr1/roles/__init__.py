@@ -157,9 +157,11 @@ def stage_pools(splits, cfg):
     if c.warm_start == "answerable":
         score = make_score(cfg.reward.name, cfg.reward.format_score, cfg.reward.scale)
         trajs, _ = scripted_episodes(splits.train, tok, search, render, cfg.agent, score)
-        pools["sft"] = [q for q, ok in zip(splits.train, curriculum.answerable(trajs, tok)) if ok]
+        ok = curriculum.answerable(splits.train, trajs, tok, c.yes_no)
+        pools["sft"] = [q for q, keep in zip(splits.train, ok) if keep]
     if c.rl == "retrievable":
-        pools["rl"] = [q for q, ok in zip(splits.train, curriculum.retrievable(splits.train, search, render)) if ok]
+        ok = curriculum.retrievable(splits.train, search, render, c.yes_no)
+        pools["rl"] = [q for q, keep in zip(splits.train, ok) if keep]
     per_step = {"sft": cfg.warm_start.questions_per_step, "rl": cfg.algo.questions_per_step}
     for stage, pool in pools.items():
         key = f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}"

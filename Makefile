@@ -76,9 +76,10 @@ EXP := search_r1_cpu
 RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
   { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=$(EXP) run_root=$(1) run_name=$(2) $(3); }
 RUN = $(call RUNIN,$(REF),$(1),$(2))
-# EXPORTALL ROOT DEST: every run folder under ROOT exported to DEST/cpu_NAME (searchr1.rundir export)
-EXPORTALL = for r in $$(ls $(1)); do rm -rf $(2)/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(1)/$$r \
-  $(2)/cpu_$$r || exit 1; done
+# EXPORTALL ROOT DEST: every run folder under ROOT exported to DEST/cpu_NAME (searchr1.rundir export), except that
+# dev-split runs (dev_*) go to results/tuning
+EXPORTALL = for r in $$(ls $(1)); do case $$r in dev_*) d=results/tuning;; *) d=$(2);; esac; \
+  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(1)/$$r $$d/cpu_$$r || exit 1; done
 results: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(SETS) $(call DT,$$d)); done; done
 	$(call RUN,flipped_$(BASE_DTYPE)_s0,seed=0 reward.scale=-1 $(call DT,$(BASE_DTYPE)))
@@ -135,8 +136,7 @@ results-warmstart: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(WS),ws$(WS_STEPS)_$${d}_s$$s,seed=$$s warm_start.steps=$(WS_STEPS) $(call DT,$$d)); done; done
 	rm -rf results/warmstart && mkdir -p results/warmstart
-	for r in $$(ls $(WS)); do case $$r in dev_*) d=results/tuning;; *) d=results/warmstart;; esac; \
-	  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(WS)/$$r $$d/cpu_$$r || exit 1; done
+	$(call EXPORTALL,$(WS),results/warmstart)
 	$(BIN)/python -m searchr1.study results/warmstart
 
 # The main study's warm starts made to answer (README, "A shorter warm start, and a forced final answer"): each
@@ -162,8 +162,7 @@ results-levers: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(LEV),t1.0_$${d}_s$$s,seed=$$s sampling.temperature=1.0 $(call DT,$$d)); done; done
 	rm -rf results/temperature && mkdir -p results/temperature
-	for r in $$(ls $(LEV)); do case $$r in dev_*) d=results/tuning;; *) d=results/temperature;; esac; \
-	  rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(LEV)/$$r $$d/cpu_$$r || exit 1; done
+	$(call EXPORTALL,$(LEV),results/temperature)
 	$(BIN)/python -m searchr1.study results/temperature
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then

@@ -69,12 +69,18 @@ SETS := 'data.eval_sets=[hotpotqa,2wiki,musique,nq]'
 # the controls run in the dtype every machine computes natively
 BASE_DTYPE := float32
 DT = trainer.compute_dtype=$(1) engine.compute_dtype=$(1)
+# The records made while search_r1_cpu sampled RL at temperature 0.5 (retrievers, algos, warm starts, forced
+# answers, yes/no, NQ mix, schedules; the main study at 0.5 is results/t0.5/) pin it, so each target still
+# regenerates its committed record.
+AT05 := sampling.temperature=0.5
 # the newest complete checkpoint of a run, as checkpoint.py (the owner of that layout) names it
 END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(REF)/$(1)"))')
-# RUNIN ROOT NAME OVERRIDES...: the CPU experiment once, unless its folder already says COMPLETED
+# RUNIN ROOT NAME OVERRIDES...: the CPU experiment once (after a target's PIN overrides), unless its folder already
+# says COMPLETED
 EXP := search_r1_cpu
+PIN :=
 RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
-  { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=$(EXP) run_root=$(1) run_name=$(2) $(3); }
+  { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=$(EXP) run_root=$(1) run_name=$(2) $(PIN) $(3); }
 RUN = $(call RUNIN,$(REF),$(1),$(2))
 # EXPORTALL ROOT DEST: every run folder under ROOT exported to DEST/cpu_NAME (searchr1.rundir export), except that
 # dev-split runs (dev_*) go to results/tuning
@@ -98,6 +104,7 @@ results: install
 RET := runs/retrievers
 RRUN = $(call RUNIN,$(RET),$(1),$(2))
 HYB := retriever=hybrid retriever.hybrid.fusion=weighted
+results-retrievers: PIN := $(AT05)
 results-retrievers: install
 	$(call RRUN,bm25_s0,seed=0 checkpoint_every=6 keep_checkpoints=4)
 	$(call RRUN,end_dense,mode=eval retriever=dense checkpoint=$$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(RET)/bm25_s0"))'))
@@ -108,8 +115,9 @@ results-retrievers: install
 	$(BIN)/python -m searchr1.study results/retrievers
 
 # PPO beside GRPO (README, "Algorithms"): seed 0, fp32, the main job's warm start and steps; GRPO's run is the
-# main study's seed 0 (results/cpu_main_float32_s0). Exported to results/algos/.
+# study at temperature 0.5, seed 0 (results/t0.5/cpu_main_float32_s0). Exported to results/algos/.
 ALG := runs/algos
+results-algos: PIN := $(AT05)
 results-algos: install
 	$(call RUNIN,$(ALG),ppo_float32_s0,algo=ppo seed=0 $(call DT,float32))
 	rm -rf results/algos && mkdir -p results/algos
@@ -124,6 +132,7 @@ WS_STEPS := 18
 WS_SHORT := 3
 NATIVE = $(firstword $(DTYPES))
 DEV := data.dev_size=150 data.eval_on=dev
+results-warmstart: PIN := $(AT05)
 results-warmstart: install
 	set -e; for s in $(SEEDS); do \
 	  $(call RUNIN,$(WS),dev_base_$(NATIVE)_s$$s,seed=$$s $(DEV) $(call DT,$(NATIVE))); \
@@ -141,8 +150,9 @@ results-warmstart: install
 
 # The main study's warm starts made to answer (README, "A shorter warm start, and a forced final answer"): each
 # seed's and dtype's 6 warm-start steps, then one held-out evaluation with agent.force_answer=true and no RL step;
-# exported to results/forced/, to compare with results/cpu_main_*'s step 6 and step 21 (python -m searchr1.stats).
+# exported to results/forced/, to compare with results/t0.5/cpu_main_*'s step 6 and step 21 (searchr1.stats).
 FORCED := runs/forced
+results-forced: PIN := $(AT05)
 results-forced: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(FORCED),ws6_force_$${d}_s$$s,seed=$$s steps=0 agent.force_answer=true $(call DT,$$d)); done; done
@@ -152,13 +162,13 @@ results-forced: install
 # RL's sampling temperature and the yes/no questions (README, "Sampling temperature 1.0" and "Yes/no questions"):
 # on the dev split, every seed, the native dtype, temperature 1.0 and curriculum.yes_no (exported to
 # results/tuning/); then temperature 1.0 on the held-out questions, every seed and dtype (results/temperature/,
-# paired with the main study's runs of the same seed and dtype, whose warm starts are the same). About 8 minutes a
+# paired with the study at 0.5 (results/t0.5/) run for run: the same seed and dtype give the same warm start). About 8 minutes a
 # run in bf16 on the AMX Xeon, 20 in fp32.
 LEV := runs/levers
 results-levers: install
 	set -e; for s in $(SEEDS); do \
 	  $(call RUNIN,$(LEV),dev_t1.0_$(NATIVE)_s$$s,seed=$$s $(DEV) sampling.temperature=1.0 $(call DT,$(NATIVE))); \
-	  $(call RUNIN,$(LEV),dev_yesno_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true $(call DT,$(NATIVE))); done
+	  $(call RUNIN,$(LEV),dev_yesno_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true $(AT05) $(call DT,$(NATIVE))); done
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(LEV),t1.0_$${d}_s$$s,seed=$$s sampling.temperature=1.0 $(call DT,$$d)); done; done
 	rm -rf results/temperature && mkdir -p results/temperature
@@ -167,8 +177,8 @@ results-levers: install
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL
-# settings (temperature 0.5, lr 2e-5), and RL from the base model with the worked example and no warm start;
-# exported to results/tuning/. About 15 minutes a run on the AMX Xeon.
+# settings before 1.0 became its default (temperature 0.5, lr 2e-5), and RL from the base model with the worked example and no warm
+# start; exported to results/tuning/. About 15 minutes a run on the AMX Xeon.
 GEM := runs/gemma
 results-gemma: EXP := search_r1_cpu_gemma
 results-gemma: install-gemma
@@ -186,7 +196,7 @@ results-gemma: install-gemma
 # (about 5 min a run, 37 runs: 3 h on 2 cores).
 SCHED := runs/schedules
 SCHED_OUT ?= results/placement/alternate_amx
-SCHED_ARGS := --placement alternate --steps 15 --eval-every 15 --questions 200 --run-root $(SCHED)
+SCHED_ARGS := --placement alternate --steps 15 --eval-every 15 --questions 200 --run-root $(SCHED) --override $(AT05)
 results-schedules: install
 	$(BIN)/python bench/schedules.py $(SCHED_ARGS) --seed 0 --stamp s0 --out $(SCHED)/out_s0
 	set -e; for s in 1 2; do $(BIN)/python bench/schedules.py $(SCHED_ARGS) --seed $$s --stamp s$$s --out $(SCHED)/out_s$$s \
@@ -197,15 +207,15 @@ results-schedules: install
 	$(BIN)/python bench/schedules.py --pool $(SCHED_OUT) $(SCHED_OUT)_s1 $(SCHED_OUT)_s2 --out results --readme README.md
 
 # Search-R1's recipe, NQ + HotpotQA (README, "Other datasets"): seed 0, half of every step's questions from NQ,
-# evaluated on every held-out set; compare with the main study's seed 0. Exported to results/datasets/.
+# evaluated on every held-out set; compare with the study at temperature 0.5, seed 0 (results/t0.5/). Exported to
+# results/datasets/.
 MIX := runs/datasets
+results-mix: PIN := $(AT05)
 results-mix: install
-	test "$$(cat $(MIX)/nq_mix_s0/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || { rm -rf $(MIX)/nq_mix_s0 && \
-	  $(BIN)/python launch.py +experiment=search_r1_cpu run_root=$(MIX) run_name=nq_mix_s0 seed=0 +data.train_mix.nq=0.5 \
-	  $(SETS) $(call DT,float32); }
+	$(call RUNIN,$(MIX),nq_mix_s0,seed=0 +data.train_mix.nq=0.5 $(SETS) $(call DT,float32))
 	rm -rf results/datasets && mkdir -p results/datasets
 	$(BIN)/python -m searchr1.rundir export $(MIX)/nq_mix_s0 results/datasets/cpu_nq_mix_s0
-	$(BIN)/python -m searchr1.transfer results/datasets --against results/cpu_main_$(BASE_DTYPE)_s0 --readme README.md
+	$(BIN)/python -m searchr1.transfer results/datasets --against results/t0.5/cpu_main_$(BASE_DTYPE)_s0 --readme README.md
 
 results-clean:
 	rm -rf $(REF) $(RET) $(ALG) $(MIX) $(SCHED)

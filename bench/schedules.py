@@ -218,6 +218,8 @@ def main() -> int:
                     help="pool the exported bench folders of several seeds (each holds schedules.json and <mode>/) into "
                          "OUT/bench/schedules_seeds.json, a table and a plot; runs nothing")
     ap.add_argument("--readme", help="with --pool: also write the table into this file's schedules block")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Hydra override given to every run, warm start included (repeatable)")
     ap.add_argument("--model-only", action="store_true",
                     help="recompute the machine model into the existing schedules.json from its exported sync run")
     args = ap.parse_args()
@@ -234,7 +236,7 @@ def main() -> int:
         print(json.dumps(report["machine_model"], indent=1))
         return 0
     stamp = args.stamp or time.strftime("%Y%m%d-%H%M%S")
-    evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}"]
+    evals = [f"eval_every={args.eval_every}", f"data.eval_size={args.questions}", *args.override]
     modes = args.modes.split(",")
     unknown = sorted(set(modes) - set(MODES))
     if unknown or "sync" not in modes:
@@ -280,7 +282,8 @@ def main() -> int:
     recs = [r for r in K.read_metrics(sync / "metrics.jsonl") if r[K.KIND] == K.TRAIN and r.get("stage") != "sft"]
     results["sync"]["phase_s"] = {"rollout": sum(r.get("time/rollout/rollout_s", 0.0) for r in recs) / len(recs),
                                   "train": sum(r.get("time/trainer/train_s", 0.0) for r in recs) / len(recs)}
-    report = {"steps": args.steps, "placement": args.placement, "seed": args.seed, "overrides": PLACEMENTS[args.placement],
+    report = {"steps": args.steps, "placement": args.placement, "seed": args.seed,
+              "overrides": PLACEMENTS[args.placement] + args.override,
               "start_model": str(ckpt), "equal_steps_only": args.equal_steps,
               "seconds_per_sync_step": sync_step, "runs": results,
               "production_model": production_model(results["sync"], [m for m in MODES if m in modes]),

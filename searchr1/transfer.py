@@ -6,7 +6,7 @@ Reads only exported runs (searchr1.rundir.export): a training run's `predictions
 and `predictions_<set>.jsonl`, tied to the training run its checkpoint came from.
 
     python -m searchr1.transfer results --readme README.md   # the table, and the README's block
-    python -m searchr1.transfer results/datasets --against results/cpu_main_float32_s0 --readme README.md
+    python -m searchr1.transfer results/datasets --against results/t0.5/cpu_main_float32_s0 --readme README.md
                                           # each run's table, then its last evaluations paired with another run's
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from searchr1.study import _config
 
 BEGIN, END = "<!-- sets:begin (python -m searchr1.transfer results) -->\n", "<!-- sets:end -->"
 # the block of the training mix's comparison (`--against`)
-MIX_BEGIN = "<!-- mix:begin (python -m searchr1.transfer results/datasets --against results/cpu_main_float32_s0) -->\n"
+MIX_BEGIN = "<!-- mix:begin (python -m searchr1.transfer results/datasets --against results/t0.5/cpu_main_float32_s0) -->\n"
 MIX_END = "<!-- mix:end -->"
 TITLES = {"hotpotqa": "HotpotQA", "2wiki": "2WikiMultihopQA", "musique": "MuSiQue-Ans", "nq": "NQ-open"}
 

@@ -131,12 +131,12 @@ def test_a_step_that_trained_no_token_is_not_an_entropy_collapse():
 
 
 def test_the_defaults_call_the_flipped_control_a_collapse_and_no_main_run_one():
-    """Replayed on the committed study's RL records: the flipped-sign control (held-out EM 15 -> 0/200) is a
-    collapse by its last step (its answer rate halves), while no seed of the main job, each of which rose, is one
-    (a flag on one step is only a warning)."""
+    """Replayed on the committed study at temperature 0.5 (results/t0.5): the flipped-sign control (held-out EM
+    15 -> 0/200) is a collapse by its last step (its answer rate halves), while no seed of the main job, each of which
+    rose, is one (a flag on one step is only a warning)."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "results"
+    root = Path(__file__).resolve().parent.parent / "results" / "t0.5"
 
     def verdicts(run):
         m = Monitor(MonitorConfig())

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from searchr1 import report
+from searchr1.evaluation import read_predictions
+from searchr1.stats import paired_predictions
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "results" / "cpu_main_float32_s0"
@@ -21,6 +23,14 @@ def _copy(tmp_path: Path) -> Path:
     shutil.copy(RUN / "metrics.jsonl", run)
     shutil.copytree(RUN / "predictions", run / "predictions")
     return run
+
+
+def _paired(run: Path):
+    """The first and last held-out evaluations' predictions (the run's HotpotQA files), matched by question, and
+    their exact McNemar test: what the page must show, computed here from the files and not from the page's code."""
+    files = sorted((run / "predictions").glob("step_*.jsonl"))
+    a, b = read_predictions(files[0]), read_predictions(files[-1])
+    return a, b, paired_predictions(a, b)
 
 
 def test_turns_are_cut_apart():
@@ -43,8 +53,9 @@ def test_the_browser_shows_the_numbers_of_metrics_jsonl(tmp_path):
     for t in train:  # each step's reward and searches, in its row of the step table
         assert f"<td>{t['step']}</td><td>{t['stage']}</td><td>{t['rollout/reward']:.3g}</td>" in dom
         assert f"<td>{t['rollout/searches']:.3g}</td>" in dom
-    # the paired test against the first evaluation, as searchr1.stats computes it (README's table: 9 / 4, p = 0.27)
-    assert "+9 / -4 vs step 6, p = 0.27" in text
+    # the paired test against the first evaluation, as searchr1.stats computes it from the prediction files
+    p = _paired(run)[2]
+    assert f"+{p.only_b} / -{p.only_a} vs step {evals[0]['step']}, p = {p.p_value:.2g}" in text
     # the script ran: it built the trajectory browser (every held-out question, turns shown apart)
     n = evals[-1]["eval/n"]
     assert f"{n} of {n} questions shown" in text and dom.count('class="turn search"') >= n // 2
@@ -61,11 +72,13 @@ def test_the_filters_select_right_and_gained_questions(tmp_path):
     assert f"{last['eval/em_count']} of 200 questions shown" in right
     gained = report.render(run / report.REPORT, fragment=f"a={first['step']}&b={last['step']}&chg=gained")
     lost = report.render(run / report.REPORT, fragment=f"a={first['step']}&b={last['step']}&chg=lost&step={first['step']}")
-    assert "9 of 200 questions shown" in gained and "4 of 200 questions shown" in lost
+    _, b, p = _paired(run)
+    assert p.only_b > 0 and p.only_a > 0, "the committed run has both gained and lost questions to filter"
+    assert f"{p.only_b} of 200 questions shown" in gained and f"{p.only_a} of 200 questions shown" in lost
     # lost questions seen at the first evaluation: all right there
-    assert lost.count('class="q right"') == 4 and 'class="q wrong"' not in lost
+    assert lost.count('class="q right"') == p.only_a and 'class="q wrong"' not in lost
     searched_not = report.render(run / report.REPORT, fragment=f"srch=no&step={last['step']}")
-    assert "1 of 200 questions shown" in searched_not  # eval/n_searched = 199
+    assert f"{sum(not x['searches'] for x in b)} of 200 questions shown" in searched_not
 
 
 def test_the_committed_report_is_what_the_committed_files_give(tmp_path):

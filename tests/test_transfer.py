@@ -89,4 +89,4 @@ def test_the_readme_shows_the_mix_table_the_committed_results_give():
     readme = (ROOT / "README.md").read_text()
     assert MIX_BEGIN in readme and MIX_END in readme, "README.md lacks the mix block"
     assert readme.split(MIX_BEGIN, 1)[1].split(MIX_END, 1)[0] == markdown_against(
-        against(ROOT / "results" / "datasets", ROOT / "results" / "cpu_main_float32_s0"))
+        against(ROOT / "results" / "datasets", ROOT / "results" / "t0.5" / "cpu_main_float32_s0"))

@@ -162,8 +162,8 @@ results-forced: install
 # RL's sampling temperature and the yes/no questions (README, "Sampling temperature 1.0" and "Yes/no questions"):
 # on the dev split, every seed, the native dtype, temperature 1.0 and curriculum.yes_no (exported to
 # results/tuning/); then temperature 1.0 on the held-out questions, every seed and dtype (results/temperature/,
-# paired with the study at 0.5 (results/t0.5/) run for run: the same seed and dtype give the same warm start). About 8 minutes a
-# run in bf16 on the AMX Xeon, 20 in fp32.
+# paired with the study at 0.5 (results/t0.5/) run for run: the same seed and dtype give the same warm start).
+# About 8 minutes a run in bf16 on the AMX Xeon, 20 in fp32.
 LEV := runs/levers
 results-levers: install
 	set -e; for s in $(SEEDS); do \
@@ -177,8 +177,8 @@ results-levers: install
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL
-# settings before 1.0 became its default (temperature 0.5, lr 2e-5), and RL from the base model with the worked example and no warm
-# start; exported to results/tuning/. About 15 minutes a run on the AMX Xeon.
+# settings before 1.0 became its default (temperature 0.5, lr 2e-5), and RL from the base model with the worked
+# example and no warm start; exported to results/tuning/. About 15 minutes a run on the AMX Xeon.
 GEM := runs/gemma
 results-gemma: EXP := search_r1_cpu_gemma
 results-gemma: install-gemma

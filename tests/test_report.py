@@ -26,11 +26,11 @@ def _copy(tmp_path: Path) -> Path:
 
 
 def _paired(run: Path):
-    """The first and last held-out evaluations' predictions (the run's HotpotQA files), matched by question, and
-    their exact McNemar test: what the page must show, computed here from the files and not from the page's code."""
+    """The last held-out evaluation's predictions (the run's HotpotQA files) and its exact McNemar test against the
+    first: what the page must show, computed here from the files and not from the page's code."""
     files = sorted((run / "predictions").glob("step_*.jsonl"))
-    a, b = read_predictions(files[0]), read_predictions(files[-1])
-    return a, b, paired_predictions(a, b)
+    last = read_predictions(files[-1])
+    return last, paired_predictions(read_predictions(files[0]), last)
 
 
 def test_turns_are_cut_apart():
@@ -54,7 +54,7 @@ def test_the_browser_shows_the_numbers_of_metrics_jsonl(tmp_path):
         assert f"<td>{t['step']}</td><td>{t['stage']}</td><td>{t['rollout/reward']:.3g}</td>" in dom
         assert f"<td>{t['rollout/searches']:.3g}</td>" in dom
     # the paired test against the first evaluation, as searchr1.stats computes it from the prediction files
-    p = _paired(run)[2]
+    p = _paired(run)[1]
     assert f"+{p.only_b} / -{p.only_a} vs step {evals[0]['step']}, p = {p.p_value:.2g}" in text
     # the script ran: it built the trajectory browser (every held-out question, turns shown apart)
     n = evals[-1]["eval/n"]
@@ -72,7 +72,7 @@ def test_the_filters_select_right_and_gained_questions(tmp_path):
     assert f"{last['eval/em_count']} of 200 questions shown" in right
     gained = report.render(run / report.REPORT, fragment=f"a={first['step']}&b={last['step']}&chg=gained")
     lost = report.render(run / report.REPORT, fragment=f"a={first['step']}&b={last['step']}&chg=lost&step={first['step']}")
-    _, b, p = _paired(run)
+    b, p = _paired(run)
     assert p.only_b > 0 and p.only_a > 0, "the committed run has both gained and lost questions to filter"
     assert f"{p.only_b} of 200 questions shown" in gained and f"{p.only_a} of 200 questions shown" in lost
     # lost questions seen at the first evaluation: all right there

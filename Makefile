@@ -36,8 +36,8 @@ ARGS ?=
 demo: install
 	$(BIN)/python launch.py +experiment=search_r1_cpu $(ARGS)
 
-# Two workers: much of the suite waits (on Slurm, on ranks' liveness, on process start-up), so two keep both
-# cores busy; conftest.py keeps each module on one worker and every vLLM module on the same one.
+# Two workers, one a core: three finished 4% sooner with every test 1.4-1.6x slower (README, "Tests").
+# conftest.py keeps each module on one worker and each group's modules (vLLM, Slurm, the smoke run's) on one.
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder

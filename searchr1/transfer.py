@@ -19,8 +19,10 @@ from searchr1.stats import paired_predictions, wilson
 from searchr1.study import _config
 
 BEGIN, END = "<!-- sets:begin (python -m searchr1.transfer results) -->\n", "<!-- sets:end -->"
-# the block of the training mix's comparison (`--against`)
-MIX_BEGIN = "<!-- mix:begin (python -m searchr1.transfer results/datasets --against results/t0.5/cpu_main_float32_s0) -->\n"
+# the block of the training mix's comparison (`--against`), and the run its marker names (the study at
+# temperature 0.5, seed 0, the mix's own temperature and seed)
+MIX_AGAINST = "results/t0.5/cpu_main_float32_s0"
+MIX_BEGIN = f"<!-- mix:begin (python -m searchr1.transfer results/datasets --against {MIX_AGAINST}) -->\n"
 MIX_END = "<!-- mix:end -->"
 TITLES = {"hotpotqa": "HotpotQA", "2wiki": "2WikiMultihopQA", "musique": "MuSiQue-Ans", "nq": "NQ-open"}
 

@@ -84,9 +84,9 @@ def test_a_runs_last_evaluations_are_paired_with_another_runs_set_by_set(tmp_pat
 
 
 def test_the_readme_shows_the_mix_table_the_committed_results_give():
-    from searchr1.transfer import MIX_BEGIN, MIX_END, against, markdown_against
+    from searchr1.transfer import MIX_AGAINST, MIX_BEGIN, MIX_END, against, markdown_against
 
     readme = (ROOT / "README.md").read_text()
     assert MIX_BEGIN in readme and MIX_END in readme, "README.md lacks the mix block"
     assert readme.split(MIX_BEGIN, 1)[1].split(MIX_END, 1)[0] == markdown_against(
-        against(ROOT / "results" / "datasets", ROOT / "results" / "t0.5" / "cpu_main_float32_s0"))
+        against(ROOT / "results" / "datasets", ROOT / MIX_AGAINST))

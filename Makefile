@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python bench/weight_sync.py --quick
 	$(BIN)/python bench/rollout.py bench.questions=8 bench.rounds=1 bench.out=results/bench/rollout_quick.json
 	$(BIN)/python bench/elastic.py --phase 6 --out results/bench/elastic_quick.json
+	$(BIN)/python bench/reach.py
 
 # Where the CPU experiment's time goes (README, "Benchmarks"): one core, as the CPU computes by default and with
 # fp32 forced for both roles.
@@ -168,15 +169,18 @@ results-forced: install
 	$(call EXPORTALL,$(FORCED),results/forced)
 
 # RL's sampling temperature and the yes/no questions (README, "Sampling temperature 1.0" and "Yes/no questions"):
-# on the dev split, every seed, the native dtype, temperature 1.0 and curriculum.yes_no (exported to
-# results/tuning/); then temperature 1.0 on the held-out questions, every seed and dtype (results/temperature/,
+# on the dev split, every seed, the native dtype, temperature 1.0, curriculum.yes_no, 30 RL steps at 1.0 with the
+# dev EM every 5 steps, and passages of 128 tokens (README, "More RL steps at temperature 1.0", "Longer passages";
+# exported to results/tuning/); then temperature 1.0 on the held-out questions, every seed and dtype (results/temperature/,
 # paired with the study at 0.5 (results/t0.5/) run for run: the same seed and dtype give the same warm start).
 # About 8 minutes a run in bf16 on the AMX Xeon, 20 in fp32.
 LEV := runs/levers
 results-levers: install
 	set -e; for s in $(SEEDS); do \
 	  $(call RUNIN,$(LEV),dev_t1.0_$(NATIVE)_s$$s,seed=$$s $(DEV) sampling.temperature=1.0 $(call DT,$(NATIVE))); \
-	  $(call RUNIN,$(LEV),dev_yesno_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true $(AT05) $(call DT,$(NATIVE))); done
+	  $(call RUNIN,$(LEV),dev_yesno_$(NATIVE)_s$$s,seed=$$s $(DEV) curriculum.yes_no=true $(AT05) $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(LEV),dev_t1.0_steps30_$(NATIVE)_s$$s,seed=$$s $(DEV) steps=30 eval_every=5 $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(LEV),dev_p128_$(NATIVE)_s$$s,seed=$$s $(DEV) retriever.passage_max_tokens=128 $(call DT,$(NATIVE))); done
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(LEV),t1.0_$${d}_s$$s,seed=$$s sampling.temperature=1.0 $(call DT,$$d)); done; done
 	rm -rf results/temperature && mkdir -p results/temperature

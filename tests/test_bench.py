@@ -228,3 +228,36 @@ def test_the_reader_bench_reads_one_line_per_prompt_on_the_tiny_model():
     prompts = [shot + reader.prompt("Doc 1(Title: Rome) Rome is in Italy.", q) for q in ("Where is Rome?", "Rome?")]
     answers = reader.read_answers(model, tok, prompts, batch=2)
     assert len(answers) == 2 and all("\n" not in a for a in answers)
+
+
+def test_the_reach_bench_only_grows_with_more_or_longer_passages(tmp_path):
+    """A longer passage keeps the shorter one's text and a third passage keeps the first two, so what one search
+    puts in reach can only grow along both axes; the JSON lands where `bench.out` says."""
+    out = tmp_path / "reach.json"
+    result = _bench("reach").main(["bench.questions=20", f"bench.out={out}"])
+    assert json.loads(out.read_text()) == result
+    rows = result["rows"]
+    for split in ("dev", "train"):
+        reach = {(r["top_k"], r["passage_max_tokens"]): r for r in rows if r["split"] == split}
+        assert all(r["questions"] == 20 for r in reach.values())
+        for (k, n), r in reach.items():
+            for (k2, n2), r2 in reach.items():
+                if k2 >= k and n2 >= n:
+                    assert r2["in_reach"] >= r["in_reach"] and r2["info_tokens"] >= r["info_tokens"], (k, n, k2, n2)
+
+
+def test_the_reach_bench_reads_the_information_the_agent_inserted_and_splits_the_right_answers():
+    reach = _bench("reach")
+    from searchr1.agent import INFO_HEAD, INFO_TAIL
+
+    def traj(info, answer):
+        return (f"<search> q </search>{INFO_HEAD}{info}{INFO_TAIL}<answer> {answer} </answer>")
+
+    preds = [{"response": traj("Paris is in France.", "Paris"), "answers": ["Paris"], "em": 1.0},
+             {"response": traj("Rome is in Italy.", "Milan"), "answers": ["Rome"], "em": 0.0},
+             {"response": "<information>Oslo</information><answer> Oslo </answer>", "answers": ["Oslo"], "em": 1.0}]
+    # the third wrote the tag itself: not information the agent inserted, so its right answer is out of reach
+    assert reach.read_information(preds[2]["response"]) == ""
+    assert reach.what_was_read(preds) == {"questions": 3, "em": 2, "in_reach": 2, "right_in_reach": 1,
+                                          "read_rate": 0.5, "right_out_of_reach": 1}
+    assert all(r["right_in_reach"] + r["right_out_of_reach"] == r["em"] for r in reach.read_runs(reach.RUNS))

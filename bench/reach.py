@@ -27,7 +27,8 @@ from launch import compose_config  # noqa: E402
 BENCH_DEFAULTS = ["+experiment=search_r1_cpu", "data.dev_size=150", "data.eval_on=dev"]
 BENCH_KEYS = {"bench.out": str, "bench.questions": int, "bench.runs": str}
 TOP_K, LENGTHS = (2, 3), (64, 96, 128)
-RUNS = "results/cpu_main_*_s*,results/tuning/cpu_dev_t1.0_*_s*"  # the study's runs and the dev split's at 1.0
+# the study's runs and the dev split's 15-step runs at 1.0 (whose first evaluation is where RL starts)
+RUNS = "results/cpu_main_*_s*,results/tuning/cpu_dev_t1.0_bfloat16_s*"
 
 
 def read_information(response: str) -> str:
@@ -51,11 +52,13 @@ def what_was_read(predictions: list[dict]) -> dict:
 
 def read_runs(globs: str) -> list[dict]:
     """what_was_read for each run's first and last held-out (or dev) evaluation."""
+    from searchr1.evaluation import read_predictions
+
     rows = []
     for run in sorted(p for g in globs.split(",") for p in ROOT.glob(g) if (p / "predictions").is_dir()):
         files = sorted((run / "predictions").glob("step_*.jsonl"))
         for f in (files[0], files[-1]) if len(files) > 1 else files:
-            row = what_was_read([json.loads(line) for line in f.open()])
+            row = what_was_read(read_predictions(f))
             rows.append({"run": str(run.relative_to(ROOT)), "step": int(f.stem.split("_")[1]), **row})
             print(f"{rows[-1]['run']} step {rows[-1]['step']}: EM {row['em']}/{row['questions']}; answer read in "
                   f"{row['in_reach']}, {row['right_in_reach']} of them right ({row['read_rate']:.0%}); "
@@ -78,10 +81,10 @@ def main(argv: list[str]) -> dict:
     for split in ("dev", "train"):
         qs = getattr(splits, split)[:own.get("bench.questions")]  # all of them by default
         for k in TOP_K:
-            found = index.search([q.question for q in qs], k)
+            found = index.search([q.question for q in qs], k)  # once per k: a length only cuts the same passages
             for n in LENGTHS:
                 blocks = [format_passages(hits, tok, n) for hits in found]
-                reach = sum(curriculum.informs(b, q) for q, b in zip(qs, blocks))
+                reach = sum(curriculum.informs(b, q, cfg.curriculum.yes_no) for q, b in zip(qs, blocks))
                 tokens = sum(len(tok(b, add_special_tokens=False)["input_ids"]) for b in blocks) / len(blocks)
                 rows.append({"split": split, "top_k": k, "passage_max_tokens": n, "questions": len(qs),
                              "in_reach": reach, "share": round(reach / len(qs), 3), "info_tokens": round(tokens, 1)})

@@ -38,9 +38,12 @@ def test_without_faults_an_elastic_run_is_the_golden_run(tmp_path):
 
 def test_a_killed_worker_costs_its_unit_not_the_job_and_rejoins(tmp_path):
     once, back = tmp_path / "fired", tmp_path / "restarted_worker_claimed_a_unit"
-    # worker 1 dies holding a unit of step 3 (0-based 2); worker 0 holds its unit of step 4 until worker 1's
-    # restart has claimed a unit, so the restart comes back within the run by what happened, not by its length
+    # worker 1 dies holding a unit of step 3 (0-based 2): workers pull units, so worker 0 holds its own unit of
+    # that step until the kill has fired, leaving the other to worker 1; worker 0 holds its unit of step 4 until
+    # worker 1's restart has claimed a unit, so the restart comes back within the run by what happened, not by
+    # its length
     kill = (f"rank=worker1,point=rollout,step=2,do=kill,once={once};"
+            f"rank=worker0,point=rollout,step=2,do=wait:{once};"
             f"rank=worker1,point=rollout,after={once},do=touch:{back};"
             f"rank=worker0,point=rollout,step=3,do=wait:{back}")
     r, run = launch(tmp_path, *ELASTIC, *FAST_LIVENESS, "steps=5", faults=kill)

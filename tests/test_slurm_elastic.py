@@ -59,8 +59,14 @@ def test_a_killed_rollout_worker_is_restarted_in_place_and_the_job_completes(tmp
     after the second death are rolled out by the restarted workers alone. Every step completes with its full
     batch, the job is COMPLETED, the trainers ran once."""
     steps = 6
-    kills = (f"rank=worker0,point=rollout,step=1,do=kill,once={tmp_path / 'fired0'};"
-             f"rank=worker1,point=rollout,step=3,do=kill,once={tmp_path / 'fired1'}")
+    fired0, fired1 = tmp_path / "fired0", tmp_path / "fired1"
+    # Workers pull units, so which one rolls out a step is a race: each kill is made certain by holding the other
+    # worker on its own unit of that step until the kill has fired (its `once` file exists), which leaves the
+    # step's other unit to the worker that is to die. The second hold is in worker 0's restarted process only.
+    kills = (f"rank=worker0,point=rollout,step=1,do=kill,once={fired0};"
+             f"rank=worker1,point=rollout,step=1,do=wait:{fired0};"
+             f"rank=worker1,point=rollout,step=3,do=kill,once={fired1};"
+             f"rank=worker0,point=rollout,step=3,after={fired0},do=wait:{fired1}")
     proc = _launch(tmp_path, tmp_path / "runs", "run_name=kill", "cluster.rollout_ranks=2", f"steps={steps}",
                    faults=kills)
     try:
@@ -71,7 +77,7 @@ def test_a_killed_rollout_worker_is_restarted_in_place_and_the_job_completes(tmp
         cancel_jobs(tmp_path)
     run_dir = tmp_path / "runs" / "kill"
     assert proc.returncode == 0, out[-5000:]
-    assert (tmp_path / "fired0").exists() and (tmp_path / "fired1").exists()
+    assert fired0.exists() and fired1.exists()
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "COMPLETED" and status["restart"] == 0
     train = _train(run_dir)

@@ -1,6 +1,6 @@
-"""Elastic rollouts on local processes: the same run as the fixed world without faults; a killed worker costs
-its unit, not the job; a restarted one rejoins with verified weights; a worker added mid-run takes work; a
-trainer's death still ends the job."""
+"""Elastic rollouts on local processes: the same run as the fixed world without faults (curricula on); a killed
+worker costs its unit, not the job; a restarted one rejoins with verified weights; a worker added mid-run takes
+work; a trainer's death still ends the job."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from golden import differences, recorded, signature
+from golden import differences, signature
 from searchr1 import metrics as K
 from searchr1.metrics import read_metrics
 from test_loop import FAST_LIVENESS, alive, launch
@@ -22,17 +22,23 @@ def train_records(run: Path) -> list[dict]:
     return [x for x in read_metrics(run / "metrics.jsonl") if x[K.KIND] == K.TRAIN]
 
 
-def test_without_faults_an_elastic_run_is_the_golden_run(tmp_path):
-    """schedule=sync, no faults: the same units, weights bit-exact through files: the same run."""
-    r, run = launch(tmp_path / "elastic", *ELASTIC)
+# Both curricula on (the CPU experiment's): a work unit names questions by their index in its stage's pool, so
+# every worker must hold the trainers' pools (searchr1/roles.rank_splits); a worker on the whole training pool
+# rolled out other questions, from the first step on.
+CURRICULA = ("curriculum.warm_start=answerable", "curriculum.rl=retrievable", "warm_start.steps=1",
+             "warm_start.questions_per_step=2", "data.train_size=40")
+
+
+def test_without_faults_an_elastic_run_is_the_fixed_run(tmp_path):
+    """schedule=sync, no faults, both curricula on: the same units, the same questions, weights bit-exact through
+    files: the same run as the fixed world's (whose smoke run test_golden holds to its recording)."""
+    r, run = launch(tmp_path / "elastic", *ELASTIC, *CURRICULA)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    got = signature(run)
-    want = recorded("smoke")
-    if want is not None:
-        assert differences(want, got) == []
-    else:  # another instruction set: the fixed world's run on this machine is the reference
-        r, fixed = launch(tmp_path / "fixed")
-        assert r.returncode == 0 and differences(signature(fixed), got) == []
+    r, fixed = launch(tmp_path / "fixed", *CURRICULA)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert differences(signature(fixed), signature(run)) == []
+    pools = json.loads((run / "data.json").read_text())["curriculum"]
+    assert 0 < pools["rl"]["questions"] < 40 and 0 < pools["sft"]["questions"] < 40  # strict subsets: it tells
     assert (run / "weights").is_dir() and json.loads((run / "rendezvous.json").read_text())["port"] > 0
 
 

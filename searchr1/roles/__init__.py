@@ -72,7 +72,7 @@ def run_rank(cfg: Config, run_dir: Path) -> None:
                  ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads())
         channel = Channel(store, Liveness(store, c.heartbeat_timeout_s, topo.describe),
                           abort=(DONE,) if topo.role == "rollout" else ())
-        splits = stage_pools(load_all(cfg.data, REPO_ROOT), cfg)
+        splits = rank_splits(cfg)
         role = _trainer if topo.role == "trainer" else _rollout
         role(cfg, run_dir, topo, groups, channel, splits).run()
         heartbeat.stop()
@@ -131,6 +131,13 @@ def _rollout(cfg, run_dir, topo, groups, channel, splits):
     receiver = WeightsIn if cfg.schedule.name == "sync" else StagedIn
     return RolloutRole(cfg, run_dir, topo, channel, worker,
                        lambda first: receiver(channel, sub, worker.weight_views, topo.member(0), first))
+
+
+def rank_splits(cfg: Config):
+    """The questions every process of a run draws from: the data with the stages' curriculum pools. A work unit
+    names questions by their index in a stage's pool, so a trainer and every rollout process (fixed rank,
+    elastic worker, joined worker) must hold the same pools."""
+    return stage_pools(load_all(cfg.data, REPO_ROOT), cfg)
 
 
 def stage_pools(splits, cfg):

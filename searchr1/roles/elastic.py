@@ -265,10 +265,8 @@ class ElasticWorker:
 def run_worker(cfg: Config, run_dir: Path) -> None:
     """The entry of an elastic rollout process (local backend, Slurm, or `+join=RUN_DIR`)."""
     from searchr1 import dist
-    from searchr1.datasets import load_all
-    from searchr1.roles import setup_logging
+    from searchr1.roles import rank_splits, setup_logging
     from searchr1.roles.worker import Worker
-    from searchr1.rundir import REPO_ROOT
     from searchr1.schedule import make_schedule
     from searchr1.weightsync.files import FileSubscriber
 
@@ -282,7 +280,7 @@ def run_worker(cfg: Config, run_dir: Path) -> None:
     store = dist.connect_store(host=False)
     me = None
     try:
-        splits = load_all(cfg.data, REPO_ROOT)
+        splits = rank_splits(cfg)  # the trainers' pools: their units index into them
         worker = Worker(cfg, splits, "cpu")
         me = ElasticWorker(cfg, run_dir, store, worker, FileSubscriber(run_dir, cfg.sync),
                            lambda start: make_schedule(cfg, start), cfg.cluster.heartbeat_period_s)

@@ -38,7 +38,8 @@ def test_without_faults_an_elastic_run_is_the_fixed_run(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert differences(signature(fixed), signature(run)) == []
     pools = json.loads((run / "data.json").read_text())["curriculum"]
-    assert 0 < pools["rl"]["questions"] < 40 and 0 < pools["sft"]["questions"] < 40  # strict subsets: it tells
+    # strict subsets of the 40 questions, so an index into the whole pool would name another question
+    assert 0 < pools["rl"]["questions"] < 40 and 0 < pools["sft"]["questions"] < 40
     assert (run / "weights").is_dir() and json.loads((run / "rendezvous.json").read_text())["port"] > 0
 
 

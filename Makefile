@@ -194,6 +194,7 @@ results-levers: install
 	rm -rf results/temperature && mkdir -p results/temperature
 	$(call EXPORTALL,$(LEV),results/temperature)
 	$(BIN)/python -m searchr1.study results/temperature
+	$(BIN)/python -m searchr1.levers results/tuning --readme README.md
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL

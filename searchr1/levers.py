@@ -120,11 +120,9 @@ def _cli(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     table = markdown(levers(args.root, args.baseline), args.baseline)
     if args.readme:
-        text = Path(args.readme).read_text()
-        if BEGIN not in text or END not in text:
-            raise SystemExit(f"{args.readme}: no levers block ({BEGIN.strip()} ... {END}) to replace")
-        head, rest = text.split(BEGIN, 1)
-        Path(args.readme).write_text(head + BEGIN + table + END + rest.split(END, 1)[1])
+        from searchr1.transfer import replace_block
+
+        replace_block(args.readme, BEGIN, END, table)
     print(table, end="")
     return 0
 

@@ -64,5 +64,5 @@ def test_the_cli_rewrites_only_the_readme_block(tmp_path):
     text = readme.read_text()
     assert text.startswith(f"intro\n{BEGIN}| lever") and text.endswith(f"{END}\nafter\n") and "stale" not in text
     readme.write_text("no block here\n")
-    with pytest.raises(SystemExit, match="no levers block"):
+    with pytest.raises(SystemExit, match="no block .<!-- levers:begin"):
         _cli([str(tmp_path), "--readme", str(readme)])

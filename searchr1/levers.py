@@ -2,16 +2,16 @@
 
 The tuning runs (README, "Tuning, on the dev split only") are exported as `cpu_dev_<lever>_<dtype>_s<seed>` under
 `results/tuning/`; one lever's name is the baseline's (`t1.0`: the experiment's settings). For every other lever
-this module pairs, seed by seed and question by question on the 150 dev questions, RL's gain (the run's first
-evaluation against its last) and the lever's end against the baseline's end, and pools each over the seeds
-(searchr1.stats.pool). It reads only the exported files:
+this module pairs, seed by seed and question by question on the 150 dev questions, RL's gain (the evaluation
+where RL starts, after `warm_start.steps`, against the run's last) and the lever's end against the baseline's end,
+and pools each over the seeds (searchr1.stats.pool). It reads only the exported files:
 
     python -m searchr1.levers results/tuning                      # the table, as the README shows it
     python -m searchr1.levers results/tuning --readme README.md   # and the README's block
 
 A lever's overrides are the keys whose values differ from its baseline run's config (keys one side lacks, added
-to the schema since, are not differences). "same start" says whether its first evaluation's answers are the
-baseline's (the same warm start: RL's gains compare directly) in every seed.
+to the schema since, are not differences). "same start" says whether, in every seed, the evaluation where RL
+starts scores each question as the baseline's does (the same warm start: RL's gains compare directly).
 """
 from __future__ import annotations
 

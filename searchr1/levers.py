@@ -65,19 +65,26 @@ def levers(root: str | Path, baseline: str = "t1.0") -> list[dict]:
         m = NAME.match(p.name)
         if m and (p / "config.yaml").is_file() and (p / "predictions").is_dir():
             runs.setdefault((m["lever"], m["dtype"]), {})[int(m["seed"])] = p
+    read: dict[Path, tuple] = {}  # a baseline run pairs with every lever: read each run once
+
+    def load(run: Path) -> tuple:
+        if run not in read:
+            cfg = _config(run)
+            read[run] = (cfg, *_evals(run, cfg))
+        return read[run]
+
     rows = []
     for (lever, dtype), seeds in sorted(runs.items()):
-        base = runs.get((baseline, dtype), {})
-        paired = sorted(s for s in seeds if s in base)
         if lever == baseline:
             continue
+        base = runs.get((baseline, dtype), {})
+        paired = sorted(s for s in seeds if s in base)
         if not paired:  # e.g. a dtype the baseline was not run in
             rows.append({"lever": lever, "dtype": dtype, "seeds": [], "runs": len(seeds)})
             continue
         gains, ends, base_gains, same, over = [], [], [], True, {}
         for s in paired:
-            bc, lc = _config(base[s]), _config(seeds[s])
-            (b0, b1, b_step), (l0, l1, l_step) = _evals(base[s], bc), _evals(seeds[s], lc)
+            (bc, b0, b1, b_step), (lc, l0, l1, l_step) = load(base[s]), load(seeds[s])
             gains.append(paired_predictions(l0, l1))
             base_gains.append(paired_predictions(b0, b1))
             ends.append(paired_predictions(b1, l1))

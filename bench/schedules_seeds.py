@@ -56,7 +56,7 @@ def pool_seeds(folders: list[Path], out: Path, readme: Path | None = None) -> in
     print(table(result))
     plot(result, out / "bench" / "schedules_seeds.png")
     if readme is not None:
-        from searchr1.transfer import replace_block
+        from searchr1.study import replace_block
 
         replace_block(readme, BEGIN, END, table(result) + "\n")
     return 0

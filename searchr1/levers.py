@@ -22,6 +22,7 @@ from pathlib import Path
 
 from searchr1.evaluation import read_predictions
 from searchr1.stats import paired_predictions, pool
+from searchr1.study import replace_block
 
 NAME = re.compile(r"^cpu_dev_(?P<lever>.+)_(?P<dtype>bfloat16|float32)_s(?P<seed>\d+)$")
 # what names a run, not what it changes; the dtype it computed in is in its name (`auto` and `bf16` may be the same)
@@ -127,8 +128,6 @@ def _cli(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     table = markdown(levers(args.root, args.baseline), args.baseline)
     if args.readme:
-        from searchr1.transfer import replace_block
-
         replace_block(args.readme, BEGIN, END, table)
     print(table, end="")
     return 0

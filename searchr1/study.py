@@ -153,6 +153,16 @@ def markdown(s: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def replace_block(path: str | Path, begin: str, end: str, text: str) -> None:
+    """Replace what lies between the markers `begin` and `end` in the file at `path` (a README's generated table):
+    the one writer of generated README blocks (the study's, transfer's, levers' and the benches')."""
+    readme = Path(path).read_text()
+    if begin not in readme or end not in readme:
+        raise SystemExit(f"{path}: no block ({begin.strip()} ... {end}) to replace")
+    head, rest = readme.split(begin, 1)
+    Path(path).write_text(head + begin + text + end + rest.split(end, 1)[1])
+
+
 def _cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m searchr1.study", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="the folder of exported runs (results/)")
@@ -163,11 +173,7 @@ def _cli(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(s, indent=1) + "\n")
     if args.readme:
-        text = Path(args.readme).read_text()
-        if BEGIN not in text or END not in text:
-            raise SystemExit(f"{args.readme}: no study block ({BEGIN.strip()} ... {END}) to replace")
-        head, rest = text.split(BEGIN, 1)
-        Path(args.readme).write_text(head + BEGIN + markdown(s) + END + rest.split(END, 1)[1])
+        replace_block(args.readme, BEGIN, END, markdown(s))
     print(markdown(s), end="")
     return 0
 

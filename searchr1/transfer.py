@@ -16,7 +16,7 @@ from pathlib import Path
 
 from searchr1.evaluation import read_predictions
 from searchr1.stats import paired_predictions, wilson
-from searchr1.study import _config
+from searchr1.study import _config, replace_block
 
 BEGIN, END = "<!-- sets:begin (python -m searchr1.transfer results) -->\n", "<!-- sets:end -->"
 # the block of the training mix's comparison (`--against`), and the run its marker names (the study at
@@ -117,14 +117,6 @@ def markdown_against(table: list[dict]) -> str:
                     f"{r['other_end']} | {r['only_other']} / {r['only_run']} | {r['p']:.2g} | "
                     f"{r['f1'][0]:.3f} -> {r['f1'][1]:.3f} |")
     return "\n".join(head) + "\n"
-
-
-def replace_block(path: str | Path, begin: str, end: str, text: str) -> None:
-    readme = Path(path).read_text()
-    if begin not in readme or end not in readme:
-        raise SystemExit(f"{path}: no block ({begin.strip()} ... {end}) to replace")
-    head, rest = readme.split(begin, 1)
-    Path(path).write_text(head + begin + text + end + rest.split(end, 1)[1])
 
 
 def _cli(argv: list[str] | None = None) -> int:

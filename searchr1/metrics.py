@@ -53,6 +53,7 @@ GROUPS_DRAWN, GROUPS_VARIED = "rollout/groups_drawn", "rollout/groups_varied"
 GROUPS_CARRIED_IN, GROUPS_CARRIED_OUT = "rollout/groups_carried_in", "rollout/groups_carried_out"
 ENTROPY, KL_REF, IS_MEAN = "train/entropy", "train/kl_ref", "train/is/mean"
 TOKENS_TRAINED = "train/tokens_trained"
+GROUPS = "train/groups"  # the groups (questions) a step trained from, varied or not
 # the collapse monitor (searchr1/monitor.py): its moving averages, the rules that flagged this step (FLAG + rule,
 # 1.0 each), their count, and COLLAPSE 1.0 once they have flagged monitor.patience steps running
 REWARD_MA, ANSWER_MA = "monitor/reward_ma", "monitor/answer_rate_ma"

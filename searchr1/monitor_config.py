@@ -16,10 +16,16 @@ class MonitorConfig:
     window: int = 5  # steps in each moving average
     warmup_steps: int = 3  # RL steps recorded before any rule applies (the averages need a history)
     # reward / answer rate: flagged when the moving average falls below (1 - drop) x its best so far, once that
-    # best has reached min_level (a run that never earned a reward cannot lose it)
+    # best has reached min_level (a run that never earned a reward cannot lose it). A policy that has learned the
+    # protocol answers nearly always, so a 40% fall of the answer rate is a collapse at any scale: at 0.5 the
+    # committed control at temperature 1.0 (held-out EM 15 -> 0/200) went unflagged by 0.007
     reward_drop: float = 0.5
-    answer_drop: float = 0.5
+    answer_drop: float = 0.4
     min_level: float = 0.05
+    # ... and, for the reward, only when the fall is more than reward_z standard errors of the two windows' means with
+    # a question (train/groups) as the unit; 0 turns the test off. At 4 questions a step the reward's moving average
+    # halves from one draw of questions to the next: without it 6 healthy dev-split runs were called collapses
+    reward_z: float = 2.0
     # entropy below (1 - entropy_drop) x its moving average over the previous steps. A GRPO step trains only its
     # varied groups' tokens, so its entropy is a small sample's: at 0.5 the committed main runs were flagged 1-3
     # times each with nothing wrong (replayed on results/*/metrics.jsonl, tests/test_monitor.py)
@@ -33,7 +39,7 @@ class MonitorConfig:
 
     def __post_init__(self):
         _positive(self, "monitor", "window", "patience")
-        _positive(self, "monitor", "warmup_steps", "min_level", "grad_spike", "max_kl", "max_is_mismatch",
+        _positive(self, "monitor", "warmup_steps", "min_level", "reward_z", "grad_spike", "max_kl", "max_is_mismatch",
                   strict=False)
         for key in ("reward_drop", "answer_drop", "entropy_drop"):
             _check(0 <= getattr(self, key) < 1, f"monitor.{key}", getattr(self, key), "must be in [0, 1)")

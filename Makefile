@@ -171,10 +171,10 @@ results-forced: install
 # RL's sampling temperature and the yes/no questions (README, "Sampling temperature 1.0" and "Yes/no questions"):
 # on the dev split, every seed, the native dtype, temperature 1.0, curriculum.yes_no, 30 RL steps at 1.0 with the
 # dev EM every 5 steps, passages of 128 tokens, 2 x 2 clipped updates per batch, 2 questions x 16 samples, the RL
-# learning rate 5e-5, a format score of 0.1, advantages without the group's std and RL on all layers (README, "More RL
-# steps at temperature 1.0", "Longer passages", "Several updates per batch", "Groups of 16", "A larger RL learning rate
-# at temperature 1.0", "A format score", "Advantages without the group's standard deviation", "RL on all layers at
-# temperature 1.0";
+# learning rate 5e-5, a format score of 0.1, advantages without the group's std, RL on all layers and RLOO (README,
+# "More RL steps at temperature 1.0", "Longer passages", "Several updates per batch", "Groups of 16", "A larger RL
+# learning rate at temperature 1.0", "A format score", "Advantages without the group's standard deviation", "RL on all
+# layers at temperature 1.0", "RLOO";
 # exported to results/tuning/); then temperature 1.0 on the held-out questions, every seed and dtype (results/temperature/,
 # paired with the study at 0.5 (results/t0.5/) run for run: the same seed and dtype give the same warm start).
 # About 8 minutes a run in bf16 on the AMX Xeon, 20 in fp32.
@@ -190,7 +190,8 @@ results-levers: install
 	  $(call RUNIN,$(LEV),dev_lr5e-5_$(NATIVE)_s$$s,seed=$$s $(DEV) optim.lr=5e-5 $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(LEV),dev_fmt0.1_$(NATIVE)_s$$s,seed=$$s $(DEV) reward.format_score=0.1 $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(LEV),dev_nostd_$(NATIVE)_s$$s,seed=$$s $(DEV) algo.normalize_std=false $(call DT,$(NATIVE))); \
-	  $(call RUNIN,$(LEV),dev_alllayers_$(NATIVE)_s$$s,seed=$$s $(DEV) trainer.train_top_layers=0 $(call DT,$(NATIVE))); done
+	  $(call RUNIN,$(LEV),dev_alllayers_$(NATIVE)_s$$s,seed=$$s $(DEV) trainer.train_top_layers=0 $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(LEV),dev_rloo_$(NATIVE)_s$$s,seed=$$s $(DEV) algo=rloo $(call DT,$(NATIVE))); done
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do \
 	  $(call RUNIN,$(LEV),t1.0_$${d}_s$$s,seed=$$s sampling.temperature=1.0 $(call DT,$$d)); done; done
 	rm -rf results/temperature && mkdir -p results/temperature

@@ -44,8 +44,12 @@ def _config(run: Path) -> dict:
 
 
 def overrides(base: dict, other: dict) -> dict:
-    """The keys both configs hold whose values differ, with `other`'s value."""
-    return {k: other[k] for k in sorted(base.keys() & other.keys() - IGNORED) if base[k] != other[k]}
+    """The keys both configs hold whose values differ, with `other`'s value. The collapse monitor's keys count only
+    where it acts: under trainer.on_collapse=warn it writes flags and changes nothing trained."""
+    keys = base.keys() & other.keys() - IGNORED
+    if base.get("trainer.on_collapse") == other.get("trainer.on_collapse") == "warn":
+        keys = {k for k in keys if not k.startswith("monitor.")}
+    return {k: other[k] for k in sorted(keys) if base[k] != other[k]}
 
 
 def _evals(run: Path, cfg: dict) -> tuple[list[dict], list[dict], int]:

@@ -71,7 +71,10 @@ def _mark(run_dir: Path, topo, **extra) -> dict:
             "module": __file__, "package": searchr1.__file__, **extra}
     marks = Path(run_dir) / "toy"
     marks.mkdir(exist_ok=True)
-    (marks / f"rank{topo.rank}.run{restart}").write_text(json.dumps(info))
+    # whole or not at all: the test reads the markers while the ranks write them (CI read a half-written one)
+    tmp = marks / f".rank{topo.rank}.run{restart}.tmp"
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, marks / f"rank{topo.rank}.run{restart}")
     return info
 
 

@@ -338,18 +338,31 @@ STOPPED_THEN_LOST = [{"rank": 1, "exit_code": 75, "at": 1.0, "stop_signals": ["S
                      {"rank": 3, "exit_code": 1, "at": 2.0}]
 
 
-@pytest.mark.parametrize("ends, cause, job_state", [
+KILLED = [{"rank": 3, "signal": "SIGKILL", "at": 2.0}]
+
+
+@pytest.mark.parametrize("ends, cause, job_state, signalled", [
     # the rank killed by a signal is the cause, though a peer noticed its loss first
-    ([{"rank": 1, "exit_code": 1, "at": 1.0}, {"rank": 3, "signal": "SIGKILL", "at": 2.0}], 3, "RUNNING"),
+    ([{"rank": 1, "exit_code": 1, "at": 1.0}, {"rank": 3, "signal": "SIGKILL", "at": 2.0}], 3, "RUNNING", None),
     # otherwise the first to end
-    ([{"rank": 2, "exit_code": 1, "at": 5.0}, {"rank": 0, "exit_code": 3, "at": 4.0}], 0, "RUNNING"),
+    ([{"rank": 2, "exit_code": 1, "at": 5.0}, {"rank": 0, "exit_code": 3, "at": 4.0}], 0, "RUNNING", None),
     # a peer that exits with an error after a rank stopped has only seen it leave: a requeue, not a failure
-    (STOPPED_THEN_LOST, "requeue", "RUNNING"),
+    (STOPPED_THEN_LOST, "requeue", "RUNNING", None),
     # but not when Slurm is ending the job (scancel): a requeue would undo the cancel
-    (STOPPED_THEN_LOST, "no requeue", "COMPLETING"),
+    (STOPPED_THEN_LOST, "no requeue", "COMPLETING", None),
+    # the batch shell's SIGTERM reached srun too, which SIGKILLed the step: a task that outlived its child by a
+    # moment recorded the SIGKILL, the stop's (CI on 2026-12-06 called it a failure)
+    (KILLED, "requeue", "RUNNING", "SIGTERM"),
+    ([], "requeue", "RUNNING", "SIGTERM"),
+    # a rank's own error is a failure even while the job is being stopped
+    (KILLED + [{"rank": 0, "exit_code": 1, "at": 1.0}], 0, "RUNNING", "SIGTERM"),
 ])
-def test_finish_names_the_failed_rank(tmp_path, monkeypatch, capsys, ends, cause, job_state):
+def test_finish_names_the_failed_rank(tmp_path, monkeypatch, capsys, ends, cause, job_state, signalled):
     run_dir = _ended_run(tmp_path, ends)
+    if signalled:
+        monkeypatch.setenv(batch.BATCH_SIGNAL, signalled)
+    else:
+        monkeypatch.delenv(batch.BATCH_SIGNAL, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     requeued = []
@@ -361,6 +374,7 @@ def test_finish_names_the_failed_rank(tmp_path, monkeypatch, capsys, ends, cause
     if cause == "requeue":
         assert status["state"] == "REQUEUED" and requeued == [["scontrol", "requeue", "9"]] and code == 75
         assert status["requeues"][0]["signal"] == "SIGTERM"
+        assert ("reached srun" in capsys.readouterr().err) == bool(signalled)
         return
     if cause == "no requeue":
         assert status["state"] == "STOPPED" and not requeued and "JobState=COMPLETING" in status["reason"]

@@ -161,6 +161,11 @@ def finish(run_dir: Path, rc: int, prepare: bool = False, rollouts: bool = False
     # once a rank has stopped, a peer that exits with an error has only seen it leave (the store is gone)
     first_stop = min((e["at"] for e in stopped), default=float("inf"))
     failed = [e for e in ends if e["exit_code"] != 0 and not _stopped(e) and (e["signal"] or e["at"] < first_stop)]
+    signalled = os.environ.get(BATCH_SIGNAL)
+    # a signal that reached srun too (scancel --full/-b) makes srun SIGKILL every task at once; a task whose child
+    # died a moment before the task did records that SIGKILL (CI, 2026-12-06): the stop's, not a failure
+    if signalled:
+        failed = [e for e in failed if e["signal"] != "SIGKILL"]
     if failed:
         e = _cause(failed)
         log = run_dir / "logs" / f"rank{e['rank']}.log"
@@ -173,10 +178,8 @@ def finish(run_dir: Path, rc: int, prepare: bool = False, rollouts: bool = False
         write_status(run_dir, state="COMPLETED", ended_at=utc_now())
         print(f"[batch] job {job_id}: every rank completed", flush=True)
         return 0
-    signalled = os.environ.get(BATCH_SIGNAL)
-    if signalled and not ends:
-        # the signal reached srun too (scancel --full/-b), which killed the step at once: nothing was saved,
-        # the requeued job resumes from the last periodic checkpoint
+    if signalled:
+        # nothing was saved: the requeued job resumes from the last periodic checkpoint
         print(f"[batch] {signalled} reached srun, which killed every task before they could save their state",
               file=sys.stderr, flush=True)
         return _stopped_job(run_dir, cfg, job_id, int(restart), [signalled])

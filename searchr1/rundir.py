@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -77,14 +78,22 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary name in the same folder, then rename: a reader (another rank, a joining worker,
+    a test polling the run) sees the old file or the new one, never half of either. The temporary name carries
+    the writer's pid, so that two writers never share one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def write_status(run_dir: Path, **fields) -> None:
-    """Merge fields into status.json (atomic replace: a reader never sees half a file)."""
+    """Merge fields into status.json."""
     path = Path(run_dir) / "status.json"
     status = json.loads(path.read_text()) if path.exists() else {}
     status.update(fields)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(status, indent=1) + "\n")
 
 
 LIGHT = ("config.yaml", "git.json", "data.json", "metrics.jsonl", "summary.json", "status.json", "submit.sbatch",

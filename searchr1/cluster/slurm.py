@@ -29,7 +29,7 @@ from searchr1.cluster.job import Job
 from searchr1.cluster.script import CODE_DIR, batch_script, components, render_script
 from searchr1.cluster.task import JOB_FILE, RankTask, first_host, job_port, rank_env
 from searchr1.config import Config
-from searchr1.rundir import REPO_ROOT, load_config, write_status
+from searchr1.rundir import REPO_ROOT, load_config, write_atomic, write_status
 
 # with the other modules' helpers, so that tests and callers import one module
 __all__ = ["SubmissionError", "check_fits", "combined_state", "first_host", "job_port", "launch", "main",
@@ -58,9 +58,7 @@ def record(run_dir: Path, **fields) -> None:
     path = Path(run_dir) / JOB_FILE
     info = json.loads(path.read_text()) if path.exists() else {}
     info.update(fields)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(info, indent=1) + "\n")
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:

@@ -35,6 +35,7 @@ from searchr1.cluster.job import Group, Job
 from searchr1.cluster.script import STOP_SIGNAL, SUBMITIT_DIR
 from searchr1.config import ClusterConfig, Config
 from searchr1.liveness import EXIT_STOPPED, STOP, Stopped
+from searchr1.rundir import write_atomic
 
 JOB_FILE = "slurm_job.json"  # written at submission: the job's shape, read by every task
 EXITS_DIR = "exits"  # under logs/
@@ -232,10 +233,7 @@ def _exit_like(code: int) -> int:
 def _record_end(run_dir: Path, job_id: str, restart: str, rank: int | None, name: str = "", **end) -> None:
     out = exits_dir(run_dir, job_id, restart)
     out.mkdir(parents=True, exist_ok=True)
-    name = name or f"rank{rank}"
-    tmp = out / f".{name}.json.tmp"
-    tmp.write_text(json.dumps({"rank": rank, "at": time.time(), **end}) + "\n")
-    tmp.replace(out / f"{name}.json")
+    write_atomic(out / f"{name or f'rank{rank}'}.json", json.dumps({"rank": rank, "at": time.time(), **end}) + "\n")
 
 
 def run_over(target: Path) -> bool:

@@ -23,7 +23,7 @@ from searchr1.config import Config
 from searchr1.datasets import load_all
 from searchr1.liveness import Heartbeat, Liveness, post_failure
 from searchr1.protocol import DONE, Channel
-from searchr1.rundir import REPO_ROOT, progress
+from searchr1.rundir import REPO_ROOT, progress, write_atomic
 
 log = logging.getLogger("searchr1")
 
@@ -111,8 +111,8 @@ def _trainer(cfg, run_dir, topo, groups, channel, splits):
     from searchr1.weightsync.files import FilePublisher
 
     if lead:  # where workers of another job find this run's store (`+join=RUN_DIR`)
-        (run_dir / "rendezvous.json").write_text(json.dumps({"host": os.environ["MASTER_ADDR"],
-                                                              "port": int(os.environ["MASTER_PORT"])}))
+        write_atomic(run_dir / "rendezvous.json", json.dumps({"host": os.environ["MASTER_ADDR"],
+                                                             "port": int(os.environ["MASTER_PORT"])}))
     out = WeightsOut(channel, FilePublisher(run_dir, cfg.sync, e.full_every, groups.device)) if lead else None
     dispatcher = Dispatcher(channel, channel.liveness, e.max_attempts, e.min_rollouts, run_dir)
     rollouts = ElasticRollouts(channel, dispatcher, e.units_per_step or cfg.cluster.rollout_ranks, splits)

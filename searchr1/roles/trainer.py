@@ -20,7 +20,7 @@ from searchr1.evaluation import read_predictions, write_predictions
 from searchr1.liveness import StopRequested, Stopped, spread_stop
 from searchr1.monitor import Monitor
 from searchr1.protocol import BATCH, BYE, DONE, EVAL, GO, START, TIMES, Channel
-from searchr1.rundir import progress, write_status
+from searchr1.rundir import progress, write_atomic, write_status
 from searchr1.schedule import Schedule, make_schedule
 
 log = logging.getLogger(__name__)
@@ -357,7 +357,7 @@ class TrainerRole:
             manifest["eval_sets"] = {name: {"heldout_questions": len(e.questions), "corpus_passages": len(e.corpus),
                                             "heldout_ids": [q.qid for q in e.questions]}
                                      for name, e in s.eval_sets.items()}
-        (self.run_dir / "data.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        write_atomic(self.run_dir / "data.json", json.dumps(manifest, indent=1) + "\n")
 
     def _finish(self) -> None:
         self.writer.close()
@@ -370,7 +370,7 @@ class TrainerRole:
         if self.splits.eval_sets:
             summary["eval_sets"] = {name: metrics.set_records(self.run_dir / "metrics.jsonl", name)
                                     for name in self.splits.eval_sets}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
         where = "held-out" if self.splits.eval_on == "heldout" else "dev"
         self._paired(where, evals, self.run_dir / "predictions")
         for name in self.splits.eval_sets:

@@ -318,6 +318,32 @@ def test_a_refused_run_folder_is_removed_unless_it_holds_work(tmp_path):
     assert (status["state"], status["reason"]) == ("REJECTED", "sbatch said no") and (worked / "metrics.jsonl").exists()
 
 
+def test_a_reader_polling_a_file_written_atomically_never_sees_half_of_it(tmp_path):
+    """What the batch script, the ranks and a joining worker poll (status.json, exit records, rendezvous.json)
+    is written by rundir.write_atomic: each read is a whole version, and no temporary file stays behind."""
+    import threading
+
+    path, done, seen = tmp_path / "status.json", threading.Event(), []
+
+    def poll():
+        while not done.is_set():
+            try:
+                seen.append(json.loads(path.read_text())["n"])
+            except FileNotFoundError:
+                pass
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        for n in range(300):
+            rundir.write_atomic(path, json.dumps({"n": n, "pad": "x" * 100_000}))
+    finally:
+        done.set()
+        reader.join()
+    assert seen and seen == sorted(seen) and json.loads(path.read_text())["n"] == 299
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+
+
 def _ended_run(tmp_path: Path, ends: list[dict]) -> Path:
     cfg = make_cfg(tmp_path)
     run_dir = rundir.create(cfg)

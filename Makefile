@@ -188,6 +188,7 @@ results-levers: install
 	  $(call RUNIN,$(LEV),dev_epochs2x2_$(NATIVE)_s$$s,seed=$$s $(DEV) algo.ppo_epochs=2 algo.minibatches=2 $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(LEV),dev_g16x2_$(NATIVE)_s$$s,seed=$$s $(DEV) algo.questions_per_step=2 algo.group_size=16 $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(LEV),dev_lr5e-5_$(NATIVE)_s$$s,seed=$$s $(DEV) optim.lr=5e-5 $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(LEV),dev_lr1e-5_$(NATIVE)_s$$s,seed=$$s $(DEV) optim.lr=1e-5 $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(LEV),dev_fmt0.1_$(NATIVE)_s$$s,seed=$$s $(DEV) reward.format_score=0.1 $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(LEV),dev_nostd_$(NATIVE)_s$$s,seed=$$s $(DEV) algo.normalize_std=false $(call DT,$(NATIVE))); \
 	  $(call RUNIN,$(LEV),dev_alllayers_$(NATIVE)_s$$s,seed=$$s $(DEV) trainer.train_top_layers=0 $(call DT,$(NATIVE))); \

@@ -17,6 +17,7 @@ from pathlib import Path
 from searchr1.cluster import hetjob
 from searchr1.cluster.job import Group, Job
 from searchr1.config import ClusterConfig, Config, SlurmConfig
+from searchr1.rundir import write_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 HANG_S = 600
@@ -71,10 +72,8 @@ def _mark(run_dir: Path, topo, **extra) -> dict:
             "module": __file__, "package": searchr1.__file__, **extra}
     marks = Path(run_dir) / "toy"
     marks.mkdir(exist_ok=True)
-    # whole or not at all: the test reads the markers while the ranks write them (CI read a half-written one)
-    tmp = marks / f".rank{topo.rank}.run{restart}.tmp"
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, marks / f"rank{topo.rank}.run{restart}")
+    # whole or not at all: the tests read the markers while the ranks write them (one read a half-written one)
+    write_atomic(marks / f"rank{topo.rank}.run{restart}", json.dumps(info))
     return info
 
 

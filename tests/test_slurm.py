@@ -377,7 +377,7 @@ KILLED = [{"rank": 3, "signal": "SIGKILL", "at": 2.0}]
     # but not when Slurm is ending the job (scancel): a requeue would undo the cancel
     (STOPPED_THEN_LOST, "no requeue", "COMPLETING", None),
     # the batch shell's SIGTERM reached srun too, which SIGKILLed the step: a task that outlived its child by a
-    # moment recorded the SIGKILL, the stop's (CI on 2026-12-06 called it a failure)
+    # moment recorded the SIGKILL, the stop's (the suite, under load, saw it called a failure)
     (KILLED, "requeue", "RUNNING", "SIGTERM"),
     ([], "requeue", "RUNNING", "SIGTERM"),
     # a rank's own error is a failure even while the job is being stopped

@@ -163,7 +163,7 @@ def finish(run_dir: Path, rc: int, prepare: bool = False, rollouts: bool = False
     failed = [e for e in ends if e["exit_code"] != 0 and not _stopped(e) and (e["signal"] or e["at"] < first_stop)]
     signalled = os.environ.get(BATCH_SIGNAL)
     # a signal that reached srun too (scancel --full/-b) makes srun SIGKILL every task at once; a task whose child
-    # died a moment before the task did records that SIGKILL (CI, 2026-12-06): the stop's, not a failure
+    # died a moment before the task did records that SIGKILL (seen in the suite under load): the stop's, not a failure
     if signalled:
         failed = [e for e in failed if e["signal"] != "SIGKILL"]
     if failed:

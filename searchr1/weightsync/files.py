@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from searchr1.config import SyncConfig
+from searchr1.rundir import write_atomic
 from searchr1.weightsync.transport import FileWire, Publisher, Subscriber, SyncError
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,7 @@ class FilePublisher:
 
     def _take_over(self) -> None:
         """Point workers at this incarnation's folder (its first full file exists) and delete earlier ones."""
-        tmp = self.root / f"{POINTER}.tmp"
-        tmp.write_text(self.folder.name + "\n")
-        tmp.replace(self.root / POINTER)
+        write_atomic(self.root / POINTER, self.folder.name + "\n")
         for old in self.root.iterdir():
             if old.is_dir() and old != self.folder:
                 log.info("weights: deleting %s, an earlier publisher's files", old)

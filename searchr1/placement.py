@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import platform
 
 import torch
 
@@ -31,6 +32,22 @@ def _cpu_flags() -> set[str]:
     except OSError:
         return set()
     return set(line.partition(":")[2].split())
+
+
+# the instruction sets that decide what a matrix product computes and how fast (a bf16 product on avx512_bf16 is
+# not the one on AMX or on AVX2)
+_ISA_FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+
+
+def isa() -> list[str]:
+    """This CPU's flags among those that change a run's numbers."""
+    return sorted(_cpu_flags() & _ISA_FLAGS)
+
+
+def cpu_kind() -> str:
+    """The CPU kind a run's numbers belong to (x86_64-avx2-avx512_bf16-avx512f): the bf16 goldens and the main
+    job's runs on other CPUs (`make results-cpus`) are filed under it."""
+    return "-".join([platform.machine(), *isa()])
 
 
 def native_bf16(device: torch.device) -> tuple[bool, str]:

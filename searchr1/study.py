@@ -6,6 +6,8 @@ into `results/` (searchr1.rundir.export), and then this module, which reads only
 
     python -m searchr1.study results                 # the tables, as the README shows them
     python -m searchr1.study results --json results/study.json --readme README.md   # and the README's block
+    python -m searchr1.study results/cpus/KIND --against results    # runs made on another CPU kind, and each
+                                                  # beside the study's run of the same name, question by question
 
 A training run's gain is its first held-out evaluation (where RL starts) against its last, question by question
 (exact McNemar). Runs pool two ways (searchr1.stats.pool): the exact stratified test over all their discordant
@@ -27,6 +29,10 @@ from searchr1.stats import Paired, paired_predictions, pool, wilson
 
 MAIN_P, MEDIAN_GAIN, POOLED_P = 0.05, 10.0, 1e-4  # what the study must show (issue 24's acceptance)
 BEGIN, END = "<!-- study:begin (python -m searchr1.study results) -->\n", "<!-- study:end -->"  # the README's block
+# the block of the main job made again on another CPU kind (`make results-cpus`), and the kind its marker names
+CPUS_KIND = "x86_64-avx2-avx512_bf16-avx512f"
+CPUS_BEGIN = f"<!-- cpus:begin (python -m searchr1.study results/cpus/{CPUS_KIND} --against results) -->\n"
+CPUS_END = "<!-- cpus:end -->"
 
 
 def _json(path: Path) -> dict:
@@ -114,6 +120,48 @@ def study(root: str | Path) -> dict:
             "cost_minutes": round(sum(minutes), 1), "runs_timed": len(minutes)}
 
 
+def replication(root: str | Path, other: str | Path) -> list[dict]:
+    """Each training run under `root` beside the run of the same name under `other` (the same seed, dtype and
+    configuration, made on another machine): where RL starts and where it ends, question by question, and how many
+    of the responses are the same text. A run `other` lacks is left out."""
+    rows = []
+    for run in sorted(Path(root).iterdir()):
+        twin = Path(other) / run.name
+        if not (run / "predictions").is_dir() or not (twin / "predictions").is_dir():
+            continue
+        here, there = (sorted((r / "predictions").glob("step_*.jsonl")) for r in (run, twin))
+        if len(here) < 2 or [p.name for p in (here[0], here[-1])] != [p.name for p in (there[0], there[-1])]:
+            raise ValueError(f"{run} and {twin}: their first and last held-out evaluations are not at the same steps "
+                             f"({[p.name for p in here]} against {[p.name for p in there]})")
+        row = {"run": run.name, "other": str(twin)}
+        for point, (a, b) in (("start", (here[0], there[0])), ("end", (here[-1], there[-1]))):
+            mine, theirs = read_predictions(a), read_predictions(b)
+            text = {q["id"]: q.get("response") for q in theirs}
+            # paired as (there, here): only_a is right only there, only_b right only here
+            row[point] = asdict(paired_predictions(theirs, mine))
+            row[f"{point}_same_responses"] = sum(q.get("response") == text.get(q["id"]) for q in mine)
+            row[f"{point}_step"] = int(a.stem.split("_")[1])
+        rows.append(row)
+    return rows
+
+
+def markdown_replication(rows: list[dict], other: str) -> str:
+    out = [f"| run | here: where RL starts -> end | `{other}`: start -> end | start: only here / only there, p | "
+           "end: only here / only there, p | responses the same text (start, end) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        s, e = r["start"], r["end"]
+        out.append(f"| `{r['run']}` | {s['b_correct']} -> {e['b_correct']} of {e['n']} | {s['a_correct']} -> "
+                   f"{e['a_correct']} | {s['only_b']} / {s['only_a']}, p = {s['p_value']:.2g} | {e['only_b']} / "
+                   f"{e['only_a']}, p = {e['p_value']:.2g} | {r['start_same_responses']}, {r['end_same_responses']} "
+                   f"of {e['n']} |")
+    if rows:
+        p = pool([Paired(**r["end"]) for r in rows])
+        out += ["", f"Ends pooled over the {p.runs} runs: {p.only_b} right only here, {p.only_a} only in "
+                    f"`{other}` (exact stratified p = {p.p_value:.2g}); ends higher here in {p.runs_up}, lower in "
+                    f"{p.runs_down}."]
+    return "\n".join(out) + "\n"
+
+
 def _paired(row: dict) -> Paired:
     return Paired(row["n"], row["a_correct"], row["b_correct"], row["only_a"], row["only_b"], row["p_value"])
 
@@ -167,14 +215,22 @@ def _cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m searchr1.study", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="the folder of exported runs (results/)")
     ap.add_argument("--json", help="also write the study as JSON here")
-    ap.add_argument("--readme", help=f"also replace the tables between {BEGIN.strip()} and {END} in this file")
+    ap.add_argument("--readme", help=f"also replace the tables between {BEGIN.strip()} and {END} in this file "
+                                     "(with --against, the block whose marker names the same command)")
+    ap.add_argument("--against", help="a folder of exported runs (results/): each run beside its namesake there")
     args = ap.parse_args(argv)
     s = study(args.root)
+    text, begin, end = markdown(s), BEGIN, END
+    if args.against:
+        s["replication"] = replication(args.root, args.against)
+        text += "\n" + markdown_replication(s["replication"], args.against)
+        begin = f"<!-- cpus:begin (python -m searchr1.study {args.root} --against {args.against}) -->\n"
+        end = CPUS_END
     if args.json:
         Path(args.json).write_text(json.dumps(s, indent=1) + "\n")
     if args.readme:
-        replace_block(args.readme, BEGIN, END, markdown(s))
-    print(markdown(s), end="")
+        replace_block(args.readme, begin, end, text)
+    print(text, end="")
     return 0
 
 

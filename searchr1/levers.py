@@ -27,7 +27,16 @@ from searchr1.study import replace_block
 NAME = re.compile(r"^cpu_dev_(?P<lever>.+)_(?P<dtype>bfloat16|float32)_s(?P<seed>\d+)$")
 # what names a run, not what it changes; the dtype it computed in is in its name (`auto` and `bf16` may be the same)
 IGNORED = {"run_name", "run_root", "seed", "trainer.compute_dtype", "engine.compute_dtype"}
-BEGIN, END = "<!-- levers:begin (python -m searchr1.levers results/tuning) -->\n", "<!-- levers:end -->"
+
+
+def begin(root: str) -> str:
+    """The marker of the README block that `python -m searchr1.levers ROOT --readme` writes: one block per root (the
+    dev split's runs on the study's CPU, and those made again on another CPU kind under results/tuning/cpus/<kind>,
+    which pair only with the baseline runs of that kind: a bf16 product differs between kinds)."""
+    return f"<!-- levers:begin (python -m searchr1.levers {root}) -->\n"
+
+
+BEGIN, END = begin("results/tuning"), "<!-- levers:end -->"
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -128,11 +137,11 @@ def _cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m searchr1.levers", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="the folder of exported tuning runs (results/tuning)")
     ap.add_argument("--baseline", default="t1.0", help="the lever name of the baseline runs")
-    ap.add_argument("--readme", help=f"also replace the table between {BEGIN.strip()} and {END} in this file")
+    ap.add_argument("--readme", help=f"also replace the table between {begin('ROOT').strip()} and {END} in this file")
     args = ap.parse_args(argv)
     table = markdown(levers(args.root, args.baseline), args.baseline)
     if args.readme:
-        replace_block(args.readme, BEGIN, END, table)
+        replace_block(args.readme, begin(args.root.rstrip("/")), END, table)
     print(table, end="")
     return 0
 

@@ -1,12 +1,13 @@
 """The dev split's levers against the baseline of the same seed and dtype, from exported run folders; and the
 README's table is the one the committed tuning runs give."""
+import re
 from pathlib import Path
 
 import pytest
 
 from launch import compose_config
 from searchr1.evaluation import write_predictions
-from searchr1.levers import BEGIN, END, _cli, levers, markdown
+from searchr1.levers import BEGIN, END, _cli, begin, levers, markdown
 from searchr1.rundir import config_yaml
 from searchr1.stats import binom_two_sided
 
@@ -48,22 +49,38 @@ def test_a_lever_is_paired_with_the_baseline_of_its_seed_and_dtype(tmp_path):
     assert "of 6 (end: step 18) |" in table and "pair with: `lr` (float32, 1 run)." in table
 
 
-def test_the_readme_shows_the_table_the_committed_tuning_runs_give():
+def test_the_readme_shows_the_tables_the_committed_tuning_runs_give():
+    """Every levers block (the study CPU's, and any other CPU kind's under results/tuning/cpus/) is what its
+    committed runs give."""
     readme = (ROOT / "README.md").read_text()
     assert BEGIN in readme and END in readme, "README.md lacks the levers block"
-    shown = readme.split(BEGIN, 1)[1].split(END, 1)[0]
-    assert shown == markdown(levers(ROOT / "results" / "tuning")), \
-        "README's levers table is stale: python -m searchr1.levers results/tuning --readme README.md"
+    roots = re.findall(r"<!-- levers:begin \(python -m searchr1.levers (\S+)\) -->", readme)
+    assert roots[0] == "results/tuning"
+    for root in roots:
+        assert (ROOT / root).is_dir(), f"README's levers block names {root}, which is not committed"
+        shown = readme.split(begin(root), 1)[1].split(END, 1)[0]
+        assert shown == markdown(levers(ROOT / root)), \
+            f"README's levers table is stale: python -m searchr1.levers {root} --readme README.md"
 
 
-def test_the_cli_rewrites_only_the_readme_block(tmp_path):
+def test_the_cli_rewrites_only_the_readme_block_of_its_root(tmp_path):
     for name in ("t1.0_bfloat16_s0", "x_bfloat16_s0"):
         _run(tmp_path, name, ["optim.lr=5e-5"] if name.startswith("x") else [], {6: [1, 0], 21: [1, 1]})
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{BEGIN}stale table\n{END}\nafter\n")
+    first = begin(str(tmp_path))
+    readme.write_text(f"intro\n{first}stale table\n{END}\nafter\n")
     assert _cli([str(tmp_path), "--readme", str(readme)]) == 0
     text = readme.read_text()
-    assert text.startswith(f"intro\n{BEGIN}| lever") and text.endswith(f"{END}\nafter\n") and "stale" not in text
+    assert text.startswith(f"intro\n{first}| lever") and text.endswith(f"{END}\nafter\n") and "stale" not in text
+    other = tmp_path / "cpus" / "k"  # a second root writes its own block and leaves the first alone
+    other.mkdir(parents=True)
+    for name in ("t1.0_bfloat16_s0", "y_bfloat16_s0"):
+        _run(other, name, ["optim.lr=1e-5"] if name.startswith("y") else [], {6: [0, 0], 21: [1, 0]})
+    marker = begin(f"{tmp_path}/cpus/k")
+    readme.write_text(text + f"{marker}stale\n{END}\n")
+    assert _cli([f"{tmp_path}/cpus/k/", "--readme", str(readme)]) == 0
+    both = readme.read_text()
+    assert both.startswith(text) and "`y` (bfloat16) | `optim.lr=1e-05`" in both.split(marker)[1] and "stale" not in both
     readme.write_text("no block here\n")
     with pytest.raises(SystemExit, match="no block .<!-- levers:begin"):
         _cli([str(tmp_path), "--readme", str(readme)])

@@ -210,12 +210,12 @@ results-cpus: install
 	rm -rf results/cpus/$$k && mkdir -p results/cpus/$$k && $(call EXPORTALL,$(CPUS)/$$k,results/cpus/$$k); \
 	$(BIN)/python -m searchr1.study results/cpus/$$k --against results
 
-# The dev split's baseline and the next temperature made again on another CPU kind (README, "The levers on another
-# CPU"): a lever run pairs only with a baseline computed the same way, and the baselines of results/tuning/ are the
-# AMX Xeon's bf16 runs. Each LEVER is NAME:OVERRIDES (commas for spaces), every seed, the native dtype, filed under
+# The dev split's baseline, the next temperature and the format reward made again on another CPU kind (README, "The
+# levers on another CPU"): a lever run pairs only with a baseline computed the same way, and the baselines of
+# results/tuning/ are the AMX Xeon's bf16 runs. Each LEVER is NAME:OVERRIDES (commas for spaces), every seed, the native dtype, filed under
 # runs/levers_cpus/<kind>/, exported to results/tuning/cpus/<kind>/ and tabled by searchr1.levers into its README block.
 CPU_LEV := runs/levers_cpus
-CPU_LEVERS := t1.0:sampling.temperature=1.0 t1.3:sampling.temperature=1.3
+CPU_LEVERS := t1.0:sampling.temperature=1.0 t1.3:sampling.temperature=1.3 fmt0.1:reward.format_score=0.1
 results-levers-cpus: install
 	set -e; k=$$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())'); \
 	for s in $(SEEDS); do for l in $(CPU_LEVERS); do n=$${l%%:*}; o=$$(echo $${l#*:} | tr , ' '); \

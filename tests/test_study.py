@@ -113,10 +113,17 @@ def test_runs_made_on_another_cpu_pair_with_their_namesakes(tmp_path):
 
 
 def test_the_readme_shows_the_other_cpu_the_committed_results_give():
-    from searchr1.study import CPUS_BEGIN, CPUS_END, CPUS_KIND, markdown_replication, replication
+    """Every block written by `python -m searchr1.study ROOT --against OTHER` (the main job on another CPU kind, and
+    a lever's held-out runs beside that kind's) is what its command gives from the committed files."""
+    import re
+
+    from searchr1.study import CPUS_BEGIN, CPUS_END, cpus_begin, markdown_replication, replication
 
     readme = (ROOT / "README.md").read_text()
     assert CPUS_BEGIN in readme and CPUS_END in readme, "README.md lacks the cpus block"
-    shown = readme.split(CPUS_BEGIN, 1)[1].split(CPUS_END, 1)[0]
-    root = ROOT / "results" / "cpus" / CPUS_KIND
-    assert shown == markdown(study(root)) + "\n" + markdown_replication(replication(root, ROOT / "results"), "results")
+    blocks = re.findall(r"<!-- cpus:begin \(python -m searchr1.study (\S+) --against (\S+)\) -->", readme)
+    assert cpus_begin(*blocks[0]) == CPUS_BEGIN, "the first cpus block is no longer the main job on another CPU"
+    for root, other in blocks:
+        shown = readme.split(cpus_begin(root, other), 1)[1].split(CPUS_END, 1)[0]
+        assert shown == markdown(study(ROOT / root)) + "\n" + markdown_replication(
+            replication(ROOT / root, ROOT / other), other), f"README.md's block of {root} against {other} is stale"

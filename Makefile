@@ -220,7 +220,8 @@ results-cpus: install
 # native dtype, filed under runs/levers_cpus/<kind>/, exported to results/tuning/cpus/<kind>/ and tabled by
 # searchr1.levers into its README block.
 CPU_LEV := runs/levers_cpus
-CPU_LEVERS := t1.0:sampling.temperature=1.0 t1.3:sampling.temperature=1.3 fmt0.1:reward.format_score=0.1
+CPU_LEVERS := t1.0:sampling.temperature=1.0 t1.3:sampling.temperature=1.3 fmt0.1:reward.format_score=0.1 \
+  nocopy:curriculum.rl_copyable=false
 results-levers-cpus: install
 	set -e; k=$(KIND); \
 	for s in $(SEEDS); do for l in $(CPU_LEVERS); do n=$${l%%:*}; o=$$(echo $${l#*:} | tr , ' '); \

@@ -13,6 +13,11 @@ question, and they are deterministic, so every rank computes the same pools (sea
 - `retrievable` (RL): the information of one search with the question holds a gold answer (top_k passages of
   passage_max_tokens each, as the agent sees them).
 
+`rl_copyable=false` also drops from RL's pool the questions whose gold answer occurs in the question itself
+(comparisons: "which is longer, A or B?"). There a span copied from the question earns the reward, and on the dev
+split RL's policies answered more bridge questions with a span of the question (README, "Questions whose answer is
+in the question").
+
 A yes/no answer (6% of the training pool, 11 of the 200 held-out questions) almost never occurs in a passage as a
 word, so both filters drop those questions and the agent never sees one answered: it answers them with a span.
 `yes_no=true` counts such a question as within reach when its information holds every supporting paragraph
@@ -32,6 +37,7 @@ class CurriculumConfig:
     warm_start: str = "all"  # all | answerable
     rl: str = "all"  # all | retrievable
     yes_no: bool = False  # a yes/no question qualifies when its information holds its supporting paragraphs
+    rl_copyable: bool = True  # false: RL's pool drops the questions whose gold answer is a span of the question
 
     def __post_init__(self):
         for stage, choices in CHOICES.items():
@@ -46,6 +52,11 @@ def holds_answer(text: str, answers: list[str]) -> bool:
 
     padded = f" {normalize_answer(text)} "
     return any(f" {a} " in padded for a in map(normalize_answer, answers) if a)
+
+
+def copyable(question) -> bool:
+    """A gold answer occurs in the question itself (as `holds_answer` reads text): copying earns the reward."""
+    return holds_answer(question.question, list(question.answers))
 
 
 def is_yes_no(answers) -> bool:

@@ -82,3 +82,23 @@ def test_pools_are_the_same_on_every_rank_and_recorded_by_stage():
 def test_an_unknown_curriculum_is_refused_naming_the_key():
     with pytest.raises(SystemExit, match="curriculum.rl"):
         compose_config(["curriculum.rl=easy"])
+
+
+def test_a_copyable_question_holds_its_answer_in_its_own_words():
+    assert curriculum.copyable(Q("Which canal was longer, the Sandy Canal or the Morris Canal?", ("Morris Canal",)))
+    assert not curriculum.copyable(Q("Who founded the firm where Mark Walter is CEO?", ("Todd Boehly",)))
+    assert not curriculum.copyable(Q("Is Parisian food good?", ("Paris",)))  # whole words only
+
+
+def test_rl_copyable_false_drops_them_from_rl_only():
+    base = ["+experiment=smoke", "curriculum.warm_start=answerable", "curriculum.rl=retrievable"]
+    keep = stage_pools(load_splits(compose_config(base).data, ROOT), compose_config(base))
+    cfg = compose_config(base + ["curriculum.rl_copyable=false"])
+    drop = stage_pools(load_splits(cfg.data, ROOT), cfg)
+    assert [q.qid for q in drop.pool("rl")] == [q.qid for q in keep.pool("rl") if not curriculum.copyable(q)]
+    assert [q.qid for q in drop.pool("sft")] == [q.qid for q in keep.pool("sft")]
+    # on the whole pool too: the unfiltered warm start keeps the full training set
+    whole = compose_config(["+experiment=smoke", "curriculum.rl_copyable=false"])
+    s = stage_pools(load_splits(whole.data, ROOT), whole)
+    assert set(s.pools) == {"rl"} and s.pool("sft") is s.train
+    assert [q.qid for q in s.pool("rl")] == [q.qid for q in s.train if not curriculum.copyable(q)]

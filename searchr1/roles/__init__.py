@@ -143,7 +143,7 @@ def rank_splits(cfg: Config):
 def stage_pools(splits, cfg):
     """`splits` with the stages' pools (Splits.pools: stage -> training questions) as `cfg.curriculum` says."""
     c = cfg.curriculum
-    if c.warm_start == "all" and c.rl == "all":
+    if c.warm_start == "all" and c.rl == "all" and c.rl_copyable:
         return splits
     from searchr1.retrieval import load_or_build
     from searchr1.models import load_tokenizer
@@ -169,6 +169,8 @@ def stage_pools(splits, cfg):
     if c.rl == "retrievable":
         ok = curriculum.retrievable(splits.train, search, render, c.yes_no)
         pools["rl"] = [q for q, keep in zip(splits.train, ok) if keep]
+    if not c.rl_copyable:
+        pools["rl"] = [q for q in pools.get("rl", splits.train) if not curriculum.copyable(q)]
     per_step = {"sft": cfg.warm_start.questions_per_step, "rl": cfg.algo.questions_per_step}
     for stage, pool in pools.items():
         key = f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}"

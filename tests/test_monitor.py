@@ -130,9 +130,10 @@ def test_a_step_that_trained_no_token_is_not_an_entropy_collapse():
     assert run(Monitor(MonitorConfig(warmup_steps=2)), healthy(4) + [real])[-1][1][0].startswith("entropy 0")
 
 
-def test_the_defaults_call_both_flipped_controls_a_collapse_and_no_other_committed_run_one():
+def test_the_defaults_call_every_flipped_control_a_collapse_and_no_other_committed_run_one():
     """Replayed on every committed run's records (results/: both studies, the tuning runs, the benches' runs): the
-    flipped-sign controls (held-out EM 15 -> 0/200 at temperatures 0.5 and 1.0) are collapses by their last step
+    flipped-sign controls (held-out EM 15 -> 0/200 at temperatures 0.5 and 1.0, fp32; 13 -> 0/200 in bf16 on the
+    avx512_bf16 EPYC) are collapses by their last step
     (their answer rates fall by half), and nothing else is one, though several dev-split runs' reward moving
     averages halve on a draw of hard questions (a flag on one step is only a warning)."""
     from pathlib import Path
@@ -147,10 +148,13 @@ def test_the_defaults_call_both_flipped_controls_a_collapse_and_no_other_committ
     runs = {str(p.parent.relative_to(root)): verdicts(p) for p in sorted(root.glob("**/metrics.jsonl"))}
     runs = {name: v for name, v in runs.items() if v}
     assert len(runs) >= 80 and "tuning/cpu_dev_base_bfloat16_s1" in runs
-    controls = {"cpu_flipped_float32_s0", "t0.5/cpu_flipped_float32_s0"}
+    controls = {"cpu_flipped_float32_s0", "t0.5/cpu_flipped_float32_s0",
+                "cpus/x86_64-avx2-avx512_bf16-avx512f/cpu_flipped_bfloat16_s0"}
     assert {name for name, v in runs.items() if any(v)} == controls
     for name in controls:
-        assert runs[name][-1] == 1.0 and not any(runs[name][:-2]), name
+        assert runs[name][-1] == 1.0, name
+    for name in ("cpu_flipped_float32_s0", "t0.5/cpu_flipped_float32_s0"):  # these two only at their end
+        assert not any(runs[name][:-2]), name
 
 
 def test_a_reward_fall_within_the_noise_of_its_questions_is_not_flagged():

@@ -238,19 +238,16 @@ results-levers-cpus: install
 # seed, dtype and CPU give the same warm start, so the pairs differ only in RL. HELD_DTYPES=bfloat16 leaves fp32 out.
 HELD := format:reward.format_score=0.1 nocopy:curriculum.rl_copyable=false
 HELD_DTYPES ?= bfloat16 float32
+# HELDSET DTYPE SUB AGAINST: every seed of lever $$n (overrides $$o) in DTYPE under runs/held/$$n/SUB, exported to
+# results/$$n/SUB and paired with AGAINST
+HELDSET = for s in $(SEEDS); do $(call RUNIN,runs/held/$$n/$(2),main_$(1)_s$$s,seed=$$s $$o $(call DT,$(1))); done; \
+  rm -rf results/$$n/$(2) && mkdir -p results/$$n/$(2) && $(call EXPORTALL,runs/held/$$n/$(2),results/$$n/$(2)); \
+  $(BIN)/python -m searchr1.study results/$$n/$(2) --against $(3) --readme README.md
 results-heldout: install
 	set -e; k=$(KIND); a=results/cpus/$$k; test -d $$a || a=results; \
 	for l in $(HELD); do n=$${l%%:*}; o=$$(echo $${l#*:} | tr , ' '); \
-	  if [ "$(NATIVE)" = bfloat16 ] && echo $(HELD_DTYPES) | grep -qw bfloat16; then \
-	    for s in $(SEEDS); do $(call RUNIN,runs/held/$$n/cpus/$$k,main_bfloat16_s$$s,seed=$$s $$o $(call DT,bfloat16)); done; \
-	    rm -rf results/$$n/cpus/$$k && mkdir -p results/$$n/cpus/$$k && \
-	      $(call EXPORTALL,runs/held/$$n/cpus/$$k,results/$$n/cpus/$$k); \
-	    $(BIN)/python -m searchr1.study results/$$n/cpus/$$k --against $$a --readme README.md; fi; \
-	  if echo $(HELD_DTYPES) | grep -qw float32; then \
-	    for s in $(SEEDS); do $(call RUNIN,runs/held/$$n/float32,main_float32_s$$s,seed=$$s $$o $(call DT,float32)); done; \
-	    rm -rf results/$$n/float32 && mkdir -p results/$$n/float32 && \
-	      $(call EXPORTALL,runs/held/$$n/float32,results/$$n/float32); \
-	    $(BIN)/python -m searchr1.study results/$$n/float32 --against results --readme README.md; fi; done
+	  $(if $(filter bfloat16,$(HELD_DTYPES)),if [ "$(NATIVE)" = bfloat16 ]; then $(call HELDSET,bfloat16,cpus/$$k,$$a); fi;) \
+	  $(if $(filter float32,$(HELD_DTYPES)),$(call HELDSET,float32,float32,results);) done
 
 # The larger reader (README, "A larger reader"): how well each model reads answers untrained (bench/reader.py), then
 # Gemma-3-270M on the dev split in the native dtype: the experiment's settings for every seed, search_r1_cpu's RL

@@ -143,15 +143,32 @@ def rank_splits(cfg: Config):
 def stage_pools(splits, cfg):
     """`splits` with the stages' pools (Splits.pools: stage -> training questions) as `cfg.curriculum` says."""
     c = cfg.curriculum
-    if c.warm_start == "all" and c.rl == "all" and c.rl_copyable:
+    # only the reach filters need the tokenizer and the index
+    pools = _reach_pools(splits, cfg) if (c.warm_start, c.rl) != ("all", "all") else {}
+    if not c.rl_copyable:
+        pools["rl"] = [q for q in pools.get("rl", splits.train) if not curriculum.copyable(q)]
+    if not pools:
         return splits
-    from searchr1.retrieval import load_or_build
+    per_step = {"sft": cfg.warm_start.questions_per_step, "rl": cfg.algo.questions_per_step}
+    for stage, pool in pools.items():
+        key = f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}"
+        if not pool:
+            raise ValueError(f"{key}: no training question qualifies (pool of {len(splits.train)})")
+        if len(pool) < per_step[stage]:  # a step would draw a question twice
+            raise ValueError(f"{key}={getattr(c, 'rl' if stage == 'rl' else 'warm_start')}: {len(pool)} training "
+                             f"questions qualify, fewer than the {per_step[stage]} questions per step")
+    return dataclasses.replace(splits, pools=pools)
+
+
+def _reach_pools(splits, cfg) -> dict:
+    """The pools of curriculum.warm_start=answerable and curriculum.rl=retrievable: the questions whose answer the
+    scripted trajectory's or one search's information holds."""
     from searchr1.models import load_tokenizer
-    from searchr1.retrieval import format_passages
+    from searchr1.retrieval import format_passages, load_or_build
     from searchr1.reward import make_score
     from searchr1.scripted import scripted_episodes
 
-    r, tok = cfg.retriever, load_tokenizer(cfg.model)
+    c, r, tok = cfg.curriculum, cfg.retriever, load_tokenizer(cfg.model)
     index = load_or_build(splits.corpus, r)
 
     def search(queries):
@@ -169,14 +186,4 @@ def stage_pools(splits, cfg):
     if c.rl == "retrievable":
         ok = curriculum.retrievable(splits.train, search, render, c.yes_no)
         pools["rl"] = [q for q, keep in zip(splits.train, ok) if keep]
-    if not c.rl_copyable:
-        pools["rl"] = [q for q in pools.get("rl", splits.train) if not curriculum.copyable(q)]
-    per_step = {"sft": cfg.warm_start.questions_per_step, "rl": cfg.algo.questions_per_step}
-    for stage, pool in pools.items():
-        key = f"curriculum.{'rl' if stage == 'rl' else 'warm_start'}"
-        if not pool:
-            raise ValueError(f"{key}: no training question qualifies (pool of {len(splits.train)})")
-        if len(pool) < per_step[stage]:  # a step would draw a question twice
-            raise ValueError(f"{key}={getattr(c, 'rl' if stage == 'rl' else 'warm_start')}: {len(pool)} training "
-                             f"questions qualify, fewer than the {per_step[stage]} questions per step")
-    return dataclasses.replace(splits, pools=pools)
+    return pools

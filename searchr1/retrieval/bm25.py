@@ -217,3 +217,20 @@ class BM25sIndex(BM25Index):
             raise IndexCorrupt(f"{path}: bm25s arrays disagree with each other or with the corpus "
                                f"({len(passages)} passages)")
         return cls(passages, cfg, bm, tf_z, len_d, idf_v)
+
+
+def compile_query_kernel() -> str:
+    """Compile the bm25s query kernel into numba's on-disk cache, by one search of a small index saved and then
+    memory-mapped as a run's is (read-only arrays are another numba type than the build's own); returns the
+    cache's folder. `make install` runs it (searchr1/prebuild.py): a fresh clone's ranks otherwise each compiled
+    it in their first search, ~18 s of CPU each, four at once on a 2-core machine (~40 s before the first step)."""
+    import tempfile
+
+    from searchr1.retrieval.cache import load_or_build
+    from searchr1.retrieval.schema import RetrieverConfig
+
+    passages = [{"id": str(i), "title": f"Passage {i}", "text": f"word{i} in passage {i} of a warm-up corpus {i % 3}"}
+                for i in range(32)]
+    with tempfile.TemporaryDirectory() as d:
+        load_or_build(passages, RetrieverConfig(name="bm25s"), cache_dir=d).search(["warm-up corpus word3"], 2)
+    return str(bm25_topk._top_k_exact.stats.cache_path)

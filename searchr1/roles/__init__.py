@@ -36,7 +36,7 @@ def setup_logging(label: str) -> None:
 def prepare(cfg: Config, run_dir: Path) -> None:
     """The caches every rank loads, built once before any starts (by the backend): the model's bf16 directory
     (exported outside torch.distributed: transformers 5 writes a model's weights only on rank 0 of a world),
-    the BM25 index, and the delta codec's compiled kernel."""
+    the BM25 index (and its query kernel), and the delta codec's compiled kernel."""
     from searchr1 import models
     from searchr1.retrieval import load_or_build
     from searchr1.weightsync import kernel
@@ -47,7 +47,9 @@ def prepare(cfg: Config, run_dir: Path) -> None:
     if cfg.agent.search:
         splits = load_all(cfg.data, REPO_ROOT)
         for corpus in [splits.corpus] + [s.corpus for s in splits.eval_sets.values()]:
-            load_or_build(corpus, cfg.retriever)
+            # one search: what the backend compiles (bm25s: numba, cached on disk; `make install` compiled it
+            # already) is compiled here once, not by every rank at the same time
+            load_or_build(corpus, cfg.retriever).search([corpus[0]["title"]], 1)
     if cfg.sync.method == "delta":
         kernel.prepare()  # built here once (logged), never inside the first weight publication
 

@@ -2,7 +2,8 @@
 bounded, configured wait) and then the torch path is used, a failed build is reported and falls back, the CLI.
 
 Nothing here depends on timing: a holder is dead or alive because the test made it so, waits end on events.
-The fast tests replace the compile step with stand-ins; test_real_build_killed_midway_is_rebuilt compiles.
+The fast tests replace the compile step with stand-ins; test_real_build_killed_midway_is_rebuilt compiles (a
+second).
 """
 import json
 import logging
@@ -66,9 +67,9 @@ def _kill(proc) -> None:
 def test_stale_lock_of_a_killed_build_is_broken_and_the_run_goes_on(tmp_path, fake_compiler, caplog):
     build_dir = tmp_path / kernel.module_name()
     child = _child(tmp_path, """
-        def stuck(build_dir, name):  # a build that leaves torch's baton and half an object file, then hangs
-            (build_dir / "lock").touch()
-            (build_dir / "main.o").write_bytes(b"half")
+        def stuck(build_dir, name):  # a build that leaves its source copy and half a library, then hangs
+            (build_dir / "kernel.cpp").touch()
+            (build_dir / "kernel.so.partial").write_bytes(b"half")
             (root / "building").touch()
             time.sleep(3600)
         kernel._compile = stuck
@@ -77,14 +78,14 @@ def test_stale_lock_of_a_killed_build_is_broken_and_the_run_goes_on(tmp_path, fa
     _wait_for(tmp_path / "building", child)
     _kill(child)
     holder = json.loads((build_dir / "searchr1.lock").read_text())
-    assert holder["pid"] == child.pid and (build_dir / "lock").exists()
+    assert holder["pid"] == child.pid and (build_dir / "kernel.so.partial").exists()
 
     with caplog.at_level(logging.INFO, logger="searchr1.weightsync.kernel"):
         assert kernel.prepare(root=tmp_path, wait_s=0.0) is True
     assert "breaking the build lock" in caplog.text and "no longer running" in caplog.text
     assert "building the delta codec kernel (once per installation)" in caplog.text
     assert fake_compiler == [build_dir]
-    assert not (build_dir / "lock").exists() and not (build_dir / "main.o").exists()  # torch's stale baton too
+    assert not (build_dir / "kernel.so.partial").exists()  # the killed build's leftovers too
     assert not (build_dir / "searchr1.lock").exists() and (build_dir / "built.json").exists()
     assert kernel.prepare(root=tmp_path, wait_s=0.0) is True and fake_compiler == [build_dir]  # now only loads
 
@@ -174,14 +175,18 @@ def test_build_directory_is_keyed_by_the_installation(monkeypatch):
     assert kernel.module_name().endswith(key)
 
 
-@pytest.mark.slow
 def test_real_build_killed_midway_is_rebuilt(tmp_path):
-    """The compiler itself killed mid-build (torch's own baton and half-written objects left behind)."""
+    """The build killed while its compiler runs (a stand-in compiler that waits to be killed, so the kill lands
+    mid-build whatever the machine's speed), then a real build by the next process, which breaks the lock."""
     build_dir = tmp_path / kernel.module_name()
-    child = _child(tmp_path, "kernel.prepare(root=root)")
-    _wait_for(build_dir / "lock", child)  # torch's baton: load_inline is compiling
+    mark = tmp_path / "compiler-started"
+    fake = tmp_path / "cxx"
+    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexec sleep 3600\n")
+    fake.chmod(0o755)
+    child = _child(tmp_path, f"import os; os.environ['CXX'] = {str(fake)!r}; kernel.prepare(root=root)")
+    _wait_for(mark, child)
     _kill(child)
-    assert (build_dir / "searchr1.lock").exists()
+    assert (build_dir / "searchr1.lock").exists() and not (build_dir / "built.json").exists()
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {ROOT!r})
@@ -190,6 +195,28 @@ def test_real_build_killed_midway_is_rebuilt(tmp_path):
         mod = kernel._load_built(kernel.Path({str(build_dir)!r}), {kernel.module_name()!r})
         x = torch.arange(300, dtype=torch.int16)
         assert tuple(mod.digest(x, 0)) == (44850, 8955050)
-    """)], capture_output=True, text=True)
+    """)], capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "CXX"})
     assert p.returncode == 0, p.stderr[-2000:]
     assert "breaking the build lock" in p.stderr
+    left = sorted(f.name for f in build_dir.iterdir() if not f.name.endswith(".guard"))
+    assert left == ["built.json", "kernel.cpp", "kernel.so"]
+
+
+def test_malformed_input_raises_the_kernels_message(tmp_path):
+    """The C library's checks surface as RuntimeError with its message; the tensor checks are kernel.py's."""
+    import torch
+
+    assert kernel.prepare(root=tmp_path, wait_s=0.0)
+    mod = kernel._load_built(tmp_path / kernel.module_name(), kernel.module_name())
+    i16 = torch.zeros(4, dtype=torch.int16)
+    with pytest.raises(RuntimeError, match="change index 8 is outside the window of 4 elements"):
+        mod.apply_window(i16, torch.tensor([9], dtype=torch.uint8), torch.zeros(0, dtype=torch.int32),
+                         torch.ones(1, dtype=torch.int16))
+    with pytest.raises(RuntimeError, match="record has 1 gaps but 2 values"):
+        mod.apply_window(i16, torch.tensor([1], dtype=torch.uint8), torch.zeros(0, dtype=torch.int32),
+                         torch.ones(2, dtype=torch.int16))
+    with pytest.raises(RuntimeError, match="tensor has dtype torch.int32, expected torch.int16"):
+        mod.digest(torch.zeros(3, dtype=torch.int32), 0)
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        mod.digest(torch.zeros(8, dtype=torch.int16)[::2], 0)
+    assert list(mod.digest(torch.arange(300, dtype=torch.int16), 0)) == [44850, 8955050]

@@ -1,7 +1,13 @@
-#include <torch/extension.h>
+// A plain shared library with a C ABI (no torch or Python headers: it compiles in about a second, the torch
+// extension it replaced took ~30 s); kernel.py checks the tensors and calls it through ctypes.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
 #include <vector>
 #if defined(__AVX512BW__) || defined(__AVX2__) || defined(__BMI2__)
 #include <immintrin.h>
@@ -138,11 +144,17 @@ struct Emitter {
   }
 };
 
-void check(const torch::Tensor& t, const char* name, c10::ScalarType dt) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.scalar_type() == dt, name, " has dtype ", t.scalar_type(), ", expected ", dt);
+// A malformed input: the message is thrown here, caught at the C boundary and raised in Python as RuntimeError.
+template <class... A>
+[[noreturn]] void fail(const A&... a) {
+  std::ostringstream s;
+  (s << ... << a);
+  throw std::runtime_error(s.str());
 }
+#define CHECK(cond, ...) \
+  do {                   \
+    if (!(cond)) fail(__VA_ARGS__); \
+  } while (0)
 
 inline int exponent(int16_t v) { return (uint16_t(v) >> 7) & 0xFF; }
 
@@ -485,17 +497,14 @@ void rice_pass(const int16_t* a, int16_t* p, int64_t n, int64_t offset, const Ri
 }  // namespace
 
 
-std::vector<int64_t> encode_window(torch::Tensor nw, torch::Tensor pub, torch::Tensor gaps, torch::Tensor esc,
-                                   torch::Tensor vals, int64_t offset) {
-  check(nw, "new", torch::kInt16); check(pub, "published", torch::kInt16);
-  check(gaps, "gaps", torch::kUInt8); check(esc, "escapes", torch::kInt32); check(vals, "values", torch::kInt16);
-  const int64_t n = nw.numel();
-  TORCH_CHECK(pub.numel() == n, "published has ", pub.numel(), " elements, new has ", n);
-  TORCH_CHECK(n <= 2147483647LL, "window of ", n, " elements exceeds int32 indexing");
-  TORCH_CHECK(gaps.numel() >= n && vals.numel() >= n && esc.numel() >= n / 256 + 1, "scratch too small for ", n);
-  const int16_t* a = nw.data_ptr<int16_t>();
-  int16_t* p = pub.data_ptr<int16_t>();
-  Emitter em{gaps.data_ptr<uint8_t>(), esc.data_ptr<int32_t>(), vals.data_ptr<int16_t>()};
+// The functions below take each tensor as (pointer, element count), dtypes checked by kernel.py, and return
+// their results through `ret`.
+void encode_window(const int16_t* a, int64_t n, int16_t* p, int64_t n_pub, uint8_t* gaps, int64_t n_gaps,
+                   int32_t* esc, int64_t n_escs, int16_t* vals, int64_t n_vals, int64_t offset, int64_t* ret) {
+  CHECK(n_pub == n, "published has ", n_pub, " elements, new has ", n);
+  CHECK(n <= 2147483647LL, "window of ", n, " elements exceeds int32 indexing");
+  CHECK(n_gaps >= n && n_vals >= n && n_escs >= n / 256 + 1, "scratch too small for ", n);
+  Emitter em{gaps, esc, vals};
   Digest d;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
@@ -515,53 +524,40 @@ std::vector<int64_t> encode_window(torch::Tensor nw, torch::Tensor pub, torch::T
       if (a[i] != p[i]) { em.emit(i, a[i]); p[i] = a[i]; }
     }
   }
-  return {em.count, em.n_esc, int64_t(d.s0), int64_t(d.s1)};
+  ret[0] = em.count; ret[1] = em.n_esc; ret[2] = int64_t(d.s0); ret[3] = int64_t(d.s1);
 }
 
-void apply_window(torch::Tensor dst, torch::Tensor gaps, torch::Tensor esc, torch::Tensor vals) {
-  check(dst, "target", torch::kInt16); check(gaps, "gaps", torch::kUInt8);
-  check(esc, "escapes", torch::kInt32); check(vals, "values", torch::kInt16);
-  const int64_t n = dst.numel(), count = gaps.numel(), n_esc = esc.numel();
-  TORCH_CHECK(vals.numel() == count, "record has ", count, " gaps but ", vals.numel(), " values");
-  const uint8_t* g = gaps.data_ptr<uint8_t>();
-  const int32_t* e = esc.data_ptr<int32_t>();
-  const int16_t* v = vals.data_ptr<int16_t>();
-  int16_t* d = dst.data_ptr<int16_t>();
+void apply_window(int16_t* d, int64_t n, const uint8_t* g, int64_t count, const int32_t* e, int64_t n_esc,
+                  const int16_t* v, int64_t n_vals) {
+  CHECK(n_vals == count, "record has ", count, " gaps but ", n_vals, " values");
   int64_t pos = -1, k = 0;
   for (int64_t c = 0; c < count; ++c) {
     int64_t step = g[c];
     if (step == 0) {
-      TORCH_CHECK(k < n_esc, "record needs more than its ", n_esc, " escapes");
+      CHECK(k < n_esc, "record needs more than its ", n_esc, " escapes");
       step = e[k++];
-      TORCH_CHECK(step > 0, "escape gap ", step, " is not positive");
+      CHECK(step > 0, "escape gap ", step, " is not positive");
     }
     pos += step;
-    TORCH_CHECK(pos < n, "change index ", pos, " is outside the window of ", n, " elements");
+    CHECK(pos < n, "change index ", pos, " is outside the window of ", n, " elements");
     d[pos] = v[c];
   }
-  TORCH_CHECK(k == n_esc, "record carries ", n_esc, " escapes but uses ", k);
+  CHECK(k == n_esc, "record carries ", n_esc, " escapes but uses ", k);
 }
 
-std::vector<int64_t> digest(torch::Tensor x, int64_t offset) {
-  check(x, "tensor", torch::kInt16);
-  const int16_t* a = x.data_ptr<int16_t>();
-  const int64_t n = x.numel();
+void digest(const int16_t* a, int64_t n, int64_t offset, int64_t* ret) {
   Digest d;
   for (int64_t b = 0; b < n; b += kBlock) digest_any(a + b, std::min(kBlock, n - b), offset + b, d);
-  return {int64_t(d.s0), int64_t(d.s1)};
+  ret[0] = int64_t(d.s0); ret[1] = int64_t(d.s1);
 }
 
 // One window, one call, one pass: sample the window, choose every parameter, then the pass: digest, each
 // change coded straight into its streams (class S gaps, class L gaps, values), the published copy updated.
 // Returns {count, words written to `out` (-1: not smaller than out, send the window whole), s0, s1, T}.
-std::vector<int64_t> rice_encode(torch::Tensor nw, torch::Tensor pub, torch::Tensor out, int64_t offset,
-                                 bool classes) {
-  check(nw, "new", torch::kInt16); check(pub, "published", torch::kInt16); check(out, "out", torch::kInt32);
-  const int64_t n = nw.numel(), cap = out.numel();
-  TORCH_CHECK(pub.numel() == n, "published has ", pub.numel(), " elements, new has ", n);
-  TORCH_CHECK(n <= 2147483647LL, "window of ", n, " elements exceeds int32 indexing");
-  const int16_t* a = nw.data_ptr<int16_t>();
-  int16_t* p = pub.data_ptr<int16_t>();
+void rice_encode(const int16_t* a, int64_t n, int16_t* p, int64_t n_pub, int32_t* out, int64_t cap, int64_t offset,
+                 bool classes, int64_t* ret) {
+  CHECK(n_pub == n, "published has ", n_pub, " elements, new has ", n);
+  CHECK(n <= 2147483647LL, "window of ", n, " elements exceeds int32 indexing");
   const RiceParams P = n ? choose_params(a, p, n, classes) : RiceParams{};
   BitOut st[6];
   for (int k = 0; k < 6; ++k) st[k].w = tl_buffers.get(k, cap + kSlack);
@@ -573,8 +569,9 @@ std::vector<int64_t> rice_encode(torch::Tensor nw, torch::Tensor pub, torch::Ten
   int64_t body = 0;
   for (auto& x : st) { x.flush(); body += x.words(); }
   const int64_t head = 9 + (P.tlen + 7) / 8;
-  if (count == 0 || over || head + body > cap) return {count, -1, int64_t(d.s0), int64_t(d.s1), P.T};
-  uint32_t* w = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  ret[0] = count; ret[1] = -1; ret[2] = int64_t(d.s0); ret[3] = int64_t(d.s1); ret[4] = P.T;
+  if (count == 0 || over || head + body > cap) return;
+  uint32_t* w = reinterpret_cast<uint32_t*>(out);
   w[0] = uint32_t(P.T) | uint32_t(P.k0) << 8 | uint32_t(P.k[0]) << 16 | uint32_t(P.k[1]) << 24;
   w[1] = uint32_t(n_s);
   w[2] = uint32_t(P.e_lo) | uint32_t(P.tlen) << 8 | uint32_t(P.k_out) << 20 | uint32_t(P.eg[0]) << 24 |
@@ -585,7 +582,7 @@ std::vector<int64_t> rice_encode(torch::Tensor nw, torch::Tensor pub, torch::Ten
   for (int t = 0; t < P.tlen; ++t) w[9 + t / 8] |= uint32_t(P.lut[P.e_lo + t]) << (4 * (t % 8));
   uint32_t* o = w + head;
   for (auto& x : st) o = std::copy(x.w, x.w + x.words(), o);
-  return {count, head + body, int64_t(d.s0), int64_t(d.s1), P.T};
+  ret[1] = head + body;
 }
 
 namespace {
@@ -639,11 +636,9 @@ struct RiceDecoder {
 // Decode one record into `dst` in place. Returns 0, or 1 when the record did not decode consistently with
 // dst's current values (a receiver that does not hold the publisher's copy): the digest check repairs that.
 // Malformed headers raise.
-int64_t rice_apply(torch::Tensor dst, torch::Tensor words, int64_t count) {
-  check(dst, "target", torch::kInt16); check(words, "payload", torch::kInt32);
-  const int64_t n = dst.numel(), nw = words.numel();
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(words.data_ptr<int32_t>());
-  TORCH_CHECK(nw >= 9, "record of ", nw, " words has no header");
+int64_t rice_apply(int16_t* dst, int64_t n, const int32_t* words, int64_t nw, int64_t count) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(words);
+  CHECK(nw >= 9, "record of ", nw, " words has no header");
   const int T = w[0] & 0xFF, k0 = (w[0] >> 8) & 0xFF, kS = (w[0] >> 16) & 0xFF, kL = w[0] >> 24;
   const int64_t n_s = w[1], mz = w[3];
   const int e_lo = w[2] & 0xFF, tlen = int((w[2] >> 8) & 0xFFF), k_out = int((w[2] >> 20) & 0xF);
@@ -652,7 +647,7 @@ int64_t rice_apply(torch::Tensor dst, torch::Tensor words, int64_t count) {
   int64_t off[7] = {head};
   for (int k = 0; k < 5; ++k) off[k + 1] = off[k] + w[4 + k];
   off[6] = nw;
-  TORCH_CHECK(count >= 0 && count <= n && n_s <= count && (T != 0 || n_s == 0) && k0 <= 15 && kS <= 30 &&
+  CHECK(count >= 0 && count <= n && n_s <= count && (T != 0 || n_s == 0) && k0 <= 15 && kS <= 30 &&
               kL <= 30 && (!egS || kS <= 15) && (!egL || kL <= 15) && e_lo > 0 && e_lo + tlen <= 256 &&
               (w[2] >> 26) == 0 && mz <= 0x7FFF && off[5] <= nw,
               "malformed rice header (", count, " changes, ", nw, " words)");
@@ -663,7 +658,7 @@ int64_t rice_apply(torch::Tensor dst, torch::Tensor words, int64_t count) {
   for (int t = 0; t < tlen; ++t) dec.lut[e_lo + t] = (w[9 + t / 8] >> (4 * (t % 8))) & 0xF;
   dec.kS = kS; dec.kL = kL; dec.egS = egS; dec.egL = egL; dec.mz = mz;
   dec.rem_s = n_s; dec.rem_l = count - n_s;
-  dec.d = dst.data_ptr<int16_t>();
+  dec.d = dst;
   bool bad = false;
   if (T == 0) {
     // Positions are decoded one batch ahead of the values, and their old values prefetched: each value needs its
@@ -708,10 +703,40 @@ int64_t rice_apply(torch::Tensor dst, torch::Tensor words, int64_t count) {
   return bad ? 1 : 0;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("encode_window", &encode_window);
-  m.def("apply_window", &apply_window);
-  m.def("digest", &digest);
-  m.def("rice_encode", &rice_encode);
-  m.def("rice_apply", &rice_apply);
+// ---- the C boundary: 0 on success; -1 with the message in searchr1_error() (per thread) on a malformed input
+namespace {
+thread_local std::string tl_error;
+template <class F>
+int64_t guarded(F f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    tl_error = e.what();
+    return -1;
+  }
+}
+}  // namespace
+
+extern "C" {
+const char* searchr1_error() { return tl_error.c_str(); }
+int64_t searchr1_encode_window(const int16_t* a, int64_t n, int16_t* p, int64_t n_pub, uint8_t* gaps, int64_t n_gaps,
+                               int32_t* esc, int64_t n_escs, int16_t* vals, int64_t n_vals, int64_t offset,
+                               int64_t* ret) {
+  return guarded([&] { encode_window(a, n, p, n_pub, gaps, n_gaps, esc, n_escs, vals, n_vals, offset, ret); return 0; });
+}
+int64_t searchr1_apply_window(int16_t* d, int64_t n, const uint8_t* g, int64_t count, const int32_t* e, int64_t n_esc,
+                              const int16_t* v, int64_t n_vals) {
+  return guarded([&] { apply_window(d, n, g, count, e, n_esc, v, n_vals); return 0; });
+}
+int64_t searchr1_digest(const int16_t* a, int64_t n, int64_t offset, int64_t* ret) {
+  return guarded([&] { digest(a, n, offset, ret); return 0; });
+}
+int64_t searchr1_rice_encode(const int16_t* a, int64_t n, int16_t* p, int64_t n_pub, int32_t* out, int64_t cap,
+                             int64_t offset, int64_t classes, int64_t* ret) {
+  return guarded([&] { rice_encode(a, n, p, n_pub, out, cap, offset, classes != 0, ret); return 0; });
+}
+// 0, or 1 when the record did not decode consistently with dst (rice_apply); -1 malformed
+int64_t searchr1_rice_apply(int16_t* dst, int64_t n, const int32_t* words, int64_t nw, int64_t count) {
+  return guarded([&] { return rice_apply(dst, n, words, nw, count); });
+}
 }

@@ -11,9 +11,11 @@ overwritten; the digest of each 256-element block is summed while the block is i
 The digest of a full block uses int16 multiply-adds (exact: see digest256).
 Semantics are defined by the torch paths in codec.py and rice.py, which produce identical bytes (tested).
 
-Building: `prepare()` (also `python -m searchr1.weightsync.kernel`, run by `make install`) compiles the kernel
-into a directory keyed by the interpreter prefix (the venv), the Python and torch builds, this CPU's flags (the
-build uses -march=native) and the source, under a lock file naming its holder (pid, host, process start time):
+Building: `prepare()` (also `python -m searchr1.weightsync.kernel`; `make install` runs it through
+searchr1/prebuild.py) compiles the kernel with $CXX (else g++) into a plain shared library with a C ABI, loaded with
+ctypes (no torch or Python headers: about a second to build, where the torch extension it was took ~30 s), in a
+directory keyed by the interpreter prefix (the venv), this CPU's flags (the build uses -march=native)
+and the source, under a lock file naming its holder (pid, host, process start time):
 a holder that no longer runs on this host is dead and its lock is broken; a live one is waited for at most
 `wait_s`, after which the caller uses the torch path. A failed build is recorded, logged, and the torch path
 used; `load()` never retries a recorded failure (it runs inside the first weight publication, a collective),
@@ -22,14 +24,15 @@ used; `load()` never retries a recorded failure (it runs inside the first weight
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import hashlib
-import importlib.util
 import json
 import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,9 +45,10 @@ log = logging.getLogger(__name__)
 # The source lives beside this file (a C++ file reads and diffs as C++); its text is part of the build key.
 _CPP = (Path(__file__).parent / "kernel.cpp").read_text()
 
-_CFLAGS = ["-O3", "-march=native"]
+_CFLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC"]
+_LIB = "kernel.so"
 # Seconds a process waits for another one's build before it gives up and uses the torch path. Builds take
-# ~25 s on 2 cores; a longer wait only happens when the holder lives on another host (liveness unknown).
+# about a second; a longer wait only happens when the holder lives on another host (liveness unknown).
 WAIT_S = 300.0
 POLL_S = 0.5
 ENV_DIR = "SEARCHR1_KERNEL_DIR"  # overrides the build root (e.g. a node-local disk)
@@ -63,13 +67,10 @@ def _cpu_flags() -> str:
 
 @functools.lru_cache(maxsize=None)
 def build_key() -> str:
-    """What the compiled file depends on: the interpreter prefix (the venv), Python and torch builds, this
-    CPU's flags (-march=native: a shared disk on a cluster of mixed nodes must never serve a build with
-    instructions this CPU lacks), the compile flags and the source."""
-    import torch
-
-    parts = [sys.prefix, sys.version, torch.__version__, str(getattr(torch.version, "git_version", "")),
-             _cpu_flags(), " ".join(_CFLAGS), _CPP]
+    """What the compiled file depends on: the interpreter prefix (the venv), this CPU's flags (-march=native: a
+    shared disk on a cluster of mixed nodes must never serve a build with instructions this CPU lacks), the
+    compile flags and the source. (It links neither Python nor torch.)"""
+    parts = [sys.prefix, _cpu_flags(), " ".join(_CFLAGS), _CPP]
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -167,26 +168,89 @@ def acquire(path: Path, wait_s: float, poll_s: float) -> bool:
 
 # ---------------------------------------------------------------- build and load
 
-def _compile(build_dir: Path, name: str):
-    from torch.utils.cpp_extension import load_inline
-
-    return load_inline(name=name, cpp_sources=[_CPP], functions=None, extra_cflags=_CFLAGS,
-                       build_directory=str(build_dir), verbose=False)
+def _compiler() -> str:
+    return os.environ.get("CXX") or "g++"
 
 
-def _load_built(build_dir: Path, name: str):
-    import torch  # noqa: F401 - the extension links against libtorch
+class Kernel:
+    """The compiled library's five functions on tensors (what codec.py calls): each tensor is checked here
+    (on the CPU, contiguous, its dtype) and passed as (pointer, element count); results come back as the
+    library writes them, a malformed input as RuntimeError with the library's message."""
 
-    # the file torch wrote (it appends _vN when one process compiles the same name twice)
-    so = json.loads((build_dir / "built.json").read_text())["file"]
-    spec = importlib.util.spec_from_file_location(Path(so).name.split(".")[0], build_dir / so)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    def __init__(self, path: Path):
+        import torch
+
+        self.__file__ = str(path)
+        self._i16, self._i32, self._u8 = torch.int16, torch.int32, torch.uint8
+        lib = self._lib = ctypes.CDLL(str(path))
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        sigs = {"encode_window": [p, i, p, i, p, i, p, i, p, i, i, p], "apply_window": [p, i, p, i, p, i, p, i],
+                "digest": [p, i, i, p], "rice_encode": [p, i, p, i, p, i, i, i, p], "rice_apply": [p, i, p, i, i]}
+        for name, args in sigs.items():
+            f = getattr(lib, f"searchr1_{name}")
+            f.argtypes, f.restype = args, i
+        lib.searchr1_error.argtypes, lib.searchr1_error.restype = [], ctypes.c_char_p
+
+    @staticmethod
+    def _t(t, name: str, dtype) -> tuple[int, int]:
+        if t.device.type != "cpu":
+            raise RuntimeError(f"{name} must be on the CPU")
+        if not t.is_contiguous():
+            raise RuntimeError(f"{name} must be contiguous")
+        if t.dtype != dtype:
+            raise RuntimeError(f"{name} has dtype {t.dtype}, expected {dtype}")
+        return t.data_ptr(), t.numel()
+
+    def _call(self, name: str, *args) -> int:
+        rc = getattr(self._lib, f"searchr1_{name}")(*args)
+        if rc < 0:
+            raise RuntimeError(self._lib.searchr1_error().decode())
+        return rc
+
+    def encode_window(self, nw, pub, gaps, esc, vals, offset: int) -> list[int]:
+        ret = (ctypes.c_int64 * 4)()
+        self._call("encode_window", *self._t(nw, "new", self._i16), *self._t(pub, "published", self._i16),
+                   *self._t(gaps, "gaps", self._u8), *self._t(esc, "escapes", self._i32),
+                   *self._t(vals, "values", self._i16), offset, ret)
+        return list(ret)
+
+    def apply_window(self, dst, gaps, esc, vals) -> None:
+        self._call("apply_window", *self._t(dst, "target", self._i16), *self._t(gaps, "gaps", self._u8),
+                   *self._t(esc, "escapes", self._i32), *self._t(vals, "values", self._i16))
+
+    def digest(self, x, offset: int) -> list[int]:
+        ret = (ctypes.c_int64 * 2)()
+        self._call("digest", *self._t(x, "tensor", self._i16), offset, ret)
+        return list(ret)
+
+    def rice_encode(self, nw, pub, out, offset: int, classes: bool) -> list[int]:
+        ret = (ctypes.c_int64 * 5)()
+        self._call("rice_encode", *self._t(nw, "new", self._i16), *self._t(pub, "published", self._i16),
+                   *self._t(out, "out", self._i32), offset, int(classes), ret)
+        return list(ret)
+
+    def rice_apply(self, dst, words, count: int) -> int:
+        return self._call("rice_apply", *self._t(dst, "target", self._i16),
+                          *self._t(words, "payload", self._i32), count)
+
+
+def _compile(build_dir: Path, name: str) -> Kernel:
+    """Compile to a temporary name and rename it into place: a killed build leaves no half-written library."""
+    src, tmp = build_dir / "kernel.cpp", build_dir / f"{_LIB}.partial"
+    src.write_text(_CPP)
+    p = subprocess.run([_compiler(), *_CFLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{_compiler()} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
+    os.replace(tmp, build_dir / _LIB)
+    return Kernel(build_dir / _LIB)
+
+
+def _load_built(build_dir: Path, name: str) -> Kernel:
+    return Kernel(build_dir / json.loads((build_dir / "built.json").read_text())["file"])
 
 
 def _clear(build_dir: Path, keep: set[str]) -> None:
-    """Remove what an interrupted build left (torch's own `lock` baton, objects, a partial .so)."""
+    """Remove what an interrupted build left (the source copy, a partial library)."""
     for p in build_dir.iterdir():
         if p.name in keep:
             continue

@@ -38,8 +38,13 @@ def test_prebuilt_query_kernel_is_loaded_not_compiled_by_a_run(tmp_path):
     # without the prebuild a run's first search compiles (misses the cache)
     cold = json.loads(_python(SEARCH, str(tmp_path / "ix0"), env={**env, "NUMBA_CACHE_DIR": str(tmp_path / "n0")}))
     assert all(miss > 0 for _, miss in cold.values()), cold
-    where = _python("from searchr1.retrieval.bm25 import compile_query_kernel; print(compile_query_kernel())",
-                    env=env)
+    where = _python("""
+        from searchr1.retrieval import bm25_topk
+        from searchr1.retrieval.bm25 import BM25sIndex
+        from searchr1.retrieval.schema import RetrieverConfig
+        BM25sIndex.compile_kernels(RetrieverConfig(name="bm25s"))
+        print(bm25_topk._top_k_exact.stats.cache_path)
+    """, env=env)
     assert where.startswith(str(tmp_path / "numba")), where
     warm = json.loads(_python(SEARCH, str(tmp_path / "ix1"), env=env))
     assert all(hit > 0 and miss == 0 for hit, miss in warm.values()), warm

@@ -112,6 +112,11 @@ class Index:
         """Write the backend's files into the existing folder `path`; return the manifest entries to record."""
         raise TypeError(f"{type(self).__name__} is not a backend; use build_index or load_or_build")
 
+    @classmethod
+    def compile_kernels(cls, cfg: RetrieverConfig) -> None:
+        """Compile, into an on-disk cache, what this backend's searches would otherwise compile in every process:
+        `make install` and launch's prepare step call it before any rank starts. Nothing by default."""
+
 
 def backend(cfg: RetrieverConfig) -> type[Index]:
     from searchr1.registry import RETRIEVERS, resolve

@@ -18,6 +18,7 @@ Both order hits by (score desc, passage id asc) and drop passages that score 0 (
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -130,6 +131,22 @@ class BM25sIndex(BM25Index):
         self._ws = threading.local()  # each thread's kernel scratch (bm25_topk.Workspace), reused across calls
 
     @classmethod
+    def compile_kernels(cls, cfg):
+        """The query kernel into numba's on-disk cache (beside bm25_topk.py), by one search of a small index saved
+        and memory-mapped as a run's is (read-only arrays are another numba type than a build's own): a fresh
+        clone's ranks otherwise each compiled it in their first search, ~18 s of CPU each, four at once on a
+        2-core machine (~40 s before the first step). Loading it from the cache takes a fraction of a second."""
+        import tempfile
+
+        from searchr1.retrieval.cache import load_or_build
+
+        passages = [{"id": str(i), "title": f"Passage {i}", "text": f"word{i} in passage {i} of a small corpus {i % 3}"}
+                    for i in range(32)]
+        with tempfile.TemporaryDirectory() as d:
+            index = load_or_build(passages, dataclasses.replace(cfg, name=cls.backend), cache_dir=d)
+            index.search(["corpus word3"], 2)
+
+    @classmethod
     def build(cls, passages, cfg):
         import bm25s
 
@@ -218,19 +235,3 @@ class BM25sIndex(BM25Index):
                                f"({len(passages)} passages)")
         return cls(passages, cfg, bm, tf_z, len_d, idf_v)
 
-
-def compile_query_kernel() -> str:
-    """Compile the bm25s query kernel into numba's on-disk cache, by one search of a small index saved and then
-    memory-mapped as a run's is (read-only arrays are another numba type than the build's own); returns the
-    cache's folder. `make install` runs it (searchr1/prebuild.py): a fresh clone's ranks otherwise each compiled
-    it in their first search, ~18 s of CPU each, four at once on a 2-core machine (~40 s before the first step)."""
-    import tempfile
-
-    from searchr1.retrieval.cache import load_or_build
-    from searchr1.retrieval.schema import RetrieverConfig
-
-    passages = [{"id": str(i), "title": f"Passage {i}", "text": f"word{i} in passage {i} of a warm-up corpus {i % 3}"}
-                for i in range(32)]
-    with tempfile.TemporaryDirectory() as d:
-        load_or_build(passages, RetrieverConfig(name="bm25s"), cache_dir=d).search(["warm-up corpus word3"], 2)
-    return str(bm25_topk._top_k_exact.stats.cache_path)

@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from searchr1.retrieval.base import Index, rank
+from searchr1.retrieval.base import Index, backend, rank
 
 FORMAT_VERSION = 1
 
@@ -55,6 +55,11 @@ class HybridIndex(Index):
     def part_configs(cfg) -> tuple:
         """The parts' configs: this retriever's keys under the parts' own names (so their cache is shared)."""
         return dataclasses.replace(cfg, name=cfg.hybrid.sparse), dataclasses.replace(cfg, name="dense")
+
+    @classmethod
+    def compile_kernels(cls, cfg) -> None:
+        for part in cls.part_configs(cfg):
+            backend(part).compile_kernels(part)
 
     @classmethod
     def settings(cls, cfg) -> dict:

@@ -39,6 +39,7 @@ def prepare(cfg: Config, run_dir: Path) -> None:
     the BM25 index (and its query kernel), and the delta codec's compiled kernel."""
     from searchr1 import models
     from searchr1.retrieval import load_or_build
+    from searchr1.retrieval.base import backend
     from searchr1.weightsync import kernel
 
     setup_logging("prepare")
@@ -47,9 +48,8 @@ def prepare(cfg: Config, run_dir: Path) -> None:
     if cfg.agent.search:
         splits = load_all(cfg.data, REPO_ROOT)
         for corpus in [splits.corpus] + [s.corpus for s in splits.eval_sets.values()]:
-            # one search: what the backend compiles (bm25s: numba, cached on disk; `make install` compiled it
-            # already) is compiled here once, not by every rank at the same time
-            load_or_build(corpus, cfg.retriever).search([corpus[0]["title"]], 1)
+            load_or_build(corpus, cfg.retriever)
+        backend(cfg.retriever).compile_kernels(cfg.retriever)  # cached by `make install`; else once here
     if cfg.sync.method == "delta":
         kernel.prepare()  # built here once (logged), never inside the first weight publication
 

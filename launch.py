@@ -4,6 +4,7 @@
     python launch.py +experiment=search_r1_cpu              # local processes (the embedded default)
     python launch.py +experiment=search_r1_cpu mode=eval    # held-out evaluation of the model or a checkpoint
     python launch.py +experiment=search_r1_cpu mode=ask checkpoint=RUN question="..."   # ask the agent
+    python launch.py +experiment=search_r1_cpu mode=pass_rate checkpoint=RUN/checkpoints/step_000006   # RL pool's pass rates
     python launch.py -m +experiment=search_r1 optim.lr=1e-6,2e-6   # one job per sweep point
     python launch.py +experiment=search_r1 --cfg job        # print the composed config
 
@@ -75,7 +76,8 @@ def main(dcfg: DictConfig) -> None:
         from searchr1.cluster.slurm import launch
     else:
         from searchr1.cluster.local import launch
-    todo = job.joining(cfg) if cfg.join else job.evaluation(cfg) if cfg.mode == "eval" else job.training(cfg)
+    todo = (job.joining(cfg) if cfg.join else job.evaluation(cfg) if cfg.mode == "eval"
+            else job.pass_rates(cfg) if cfg.mode == "pass_rate" else job.training(cfg))
     rc = launch(cfg, run_dir, todo)
     if rc != 0:
         # Under -m a failed sweep point must not stop the others; a single run exits with its code.

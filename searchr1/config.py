@@ -271,7 +271,7 @@ class WandbConfig:
 
 @dataclass
 class Config:
-    mode: str = "train"  # train | eval | ask (searchr1/apps/ask.py)
+    mode: str = "train"  # train | eval | ask (searchr1/apps/ask.py) | pass_rate (searchr1/apps/pass_rate.py)
     experiment: str = "default"
     seed: int = 0
     steps: int = 100  # RL steps (after warm_start.steps supervised ones, if any)
@@ -283,7 +283,7 @@ class Config:
     run_name: str = ""  # empty: <date>_<time>_<experiment>
     resume: str = ""  # a run folder to continue from its last checkpoint
     join: str = ""  # a running elastic run's folder: start rollout workers that join it (cluster.rollout_ranks)
-    checkpoint: str = ""  # mode=eval / ask: a checkpoint to evaluate instead of the base model (ask: or a run folder)
+    checkpoint: str = ""  # mode=eval / ask / pass_rate: a checkpoint to evaluate instead of the base model (ask: or a run folder)
     question: str = ""  # mode=ask: a question to put to the agent
     questions_file: str = ""  # mode=ask: one question per line
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -307,7 +307,7 @@ class Config:
     def __post_init__(self):
         _finite(self)
         _one_folder_name("run_name", self.run_name)
-        _one_of("mode", self.mode, {"train", "eval", "ask"})
+        _one_of("mode", self.mode, {"train", "eval", "ask", "pass_rate"})
         _positive(self, "", "steps", "eval_every", "checkpoint_every", strict=False)
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
         e = self.cluster.elastic

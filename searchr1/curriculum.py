@@ -18,6 +18,14 @@ question, and they are deterministic, so every rank computes the same pools (sea
 split RL's policies answered more bridge questions with a span of the question (README, "Questions whose answer is
 in the question").
 
+`rl=pass_rate` is offline difficulty filtering (as DAPO, Skywork-OR1 and POLARIS filter before RL): `mode=pass_rate`
+samples each question of RL's pool `pass_rate_samples` times with a checkpoint (the warm start's end) at the
+sampling temperature and writes `pass_rates.jsonl`; a run with `curriculum.pass_rates=` that file then draws RL's
+questions from those whose measured rate lies strictly between `pass_rate_min` and `pass_rate_max` (by default
+the ones with some samples right and some wrong: a group of them carries a gradient). The file names questions by
+id, and every id must be a training question of the run's data config, so a file measured on dev questions (or on
+another split) is refused, not silently used.
+
 A yes/no answer (6% of the training pool, 11 of the 200 held-out questions) almost never occurs in a passage as a
 word, so both filters drop those questions and the agent never sees one answered: it answers them with a span.
 `yes_no=true` counts such a question as within reach when its information holds every supporting paragraph
@@ -29,19 +37,31 @@ from dataclasses import dataclass
 
 from searchr1.checks import _check, _one_of
 
-CHOICES = {"warm_start": ("all", "answerable"), "rl": ("all", "retrievable")}
+CHOICES = {"warm_start": ("all", "answerable"), "rl": ("all", "retrievable", "pass_rate")}
 
 
 @dataclass
 class CurriculumConfig:
     warm_start: str = "all"  # all | answerable
-    rl: str = "all"  # all | retrievable
+    rl: str = "all"  # all | retrievable | pass_rate
     yes_no: bool = False  # a yes/no question qualifies when its information holds its supporting paragraphs
     rl_copyable: bool = True  # false: RL's pool drops the questions whose gold answer is a span of the question
+    pass_rates: str = ""  # rl=pass_rate: a pass_rates.jsonl written by mode=pass_rate
+    pass_rate_min: float = 0.0  # rl=pass_rate keeps the questions whose rate is > min and < max
+    pass_rate_max: float = 1.0
+    pass_rate_samples: int = 8  # mode=pass_rate: samples per question (a group's size: mixed means a gradient)
 
     def __post_init__(self):
         for stage, choices in CHOICES.items():
             _one_of(f"curriculum.{stage}", getattr(self, stage), choices)
+        _check(self.rl != "pass_rate" or bool(self.pass_rates), "curriculum.pass_rates", self.pass_rates,
+               "required with curriculum.rl=pass_rate (a pass_rates.jsonl written by mode=pass_rate)")
+        _check(not self.pass_rates or self.rl == "pass_rate", "curriculum.pass_rates", self.pass_rates,
+               f"only read with curriculum.rl=pass_rate (curriculum.rl={self.rl})")
+        _check(0.0 <= self.pass_rate_min < self.pass_rate_max <= 1.0, "curriculum.pass_rate_min",
+               self.pass_rate_min, f"must satisfy 0 <= pass_rate_min < pass_rate_max <= 1 "
+                                   f"(pass_rate_max={self.pass_rate_max})")
+        _check(self.pass_rate_samples >= 1, "curriculum.pass_rate_samples", self.pass_rate_samples, "must be >= 1")
         _check(not self.yes_no or (self.warm_start, self.rl) != ("all", "all"), "curriculum.yes_no", self.yes_no,
                "applies to a filtered pool: set curriculum.warm_start=answerable or curriculum.rl=retrievable")
 
@@ -89,3 +109,36 @@ def answerable(questions: list, trajectories: list, tokenizer, yes_no: bool = Fa
     reach (`informs`)."""
     return [informs(tokenizer.decode([x for x, m in zip(t.response_ids, t.loss_mask) if not m]), q, yes_no)
             for q, t in zip(questions, trajectories, strict=True)]
+
+
+def read_pass_rates(path, train: list) -> dict[str, tuple[int, int]]:
+    """`mode=pass_rate`'s file: question id -> (correct, samples), each line checked; every id must be one of the
+    `train` questions (ValueError naming the file, the line and the value otherwise)."""
+    import json
+    from pathlib import Path
+
+    ids, out = {q.qid for q in train}, {}
+    for n, line in enumerate(Path(path).expanduser().read_text().splitlines(), 1):
+        where = f"curriculum.pass_rates={str(path)!r} line {n}"
+        try:
+            rec = json.loads(line)
+            qid, k, correct = rec["id"], rec["samples"], rec["correct"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{where}: not a pass-rate record {{id, samples, correct}} ({e})") from None
+        if not (isinstance(k, int) and isinstance(correct, int) and 0 <= correct <= k and k > 0):
+            raise ValueError(f"{where}: samples={k!r}, correct={correct!r}: need integers 0 <= correct <= samples, "
+                             f"samples > 0")
+        if qid not in ids:
+            raise ValueError(f"{where}: id {qid!r} is not a training question of this data config (a file "
+                             f"measured on other questions, e.g. the dev split's?)")
+        if qid in out:
+            raise ValueError(f"{where}: id {qid!r} appears twice")
+        out[qid] = (correct, k)
+    if not out:
+        raise ValueError(f"curriculum.pass_rates={str(path)!r}: no records")
+    return out
+
+
+def within_pass_rate(train: list, rates: dict[str, tuple[int, int]], low: float, high: float) -> list:
+    """The `train` questions measured with a pass rate strictly between `low` and `high`, in pool order."""
+    return [q for q in train if q.qid in rates and low < rates[q.qid][0] / rates[q.qid][1] < high]

@@ -37,6 +37,9 @@ def _paths(cfg: Config) -> None:
             checkpoint.model_path(cfg.checkpoint)
         except (FileNotFoundError, checkpoint.CheckpointDamaged) as e:
             raise ConfigError(f"checkpoint={cfg.checkpoint!r}: {e}") from e
+    c = cfg.curriculum
+    if c.rl == "pass_rate" and not Path(c.pass_rates).expanduser().is_file():
+        raise ConfigError(f"curriculum.pass_rates={c.pass_rates!r}: no such file (mode=pass_rate writes one)")
     root = Path(cfg.run_root).expanduser()
     if root.exists() and not root.is_dir():
         raise ConfigError(f"run_root={cfg.run_root!r}: exists and is not a folder")
@@ -62,6 +65,19 @@ def _data_limits(cfg: Config) -> None:
     except DataError as e:
         raise ConfigError(str(e)) from e
     pool = len(splits.train)
+    c = cfg.curriculum
+    if c.rl == "pass_rate":  # a damaged file, or one measured on other questions, stops here
+        from searchr1 import curriculum
+
+        try:
+            rates = curriculum.read_pass_rates(c.pass_rates, splits.train)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        kept = len(curriculum.within_pass_rate(splits.train, rates, c.pass_rate_min, c.pass_rate_max))
+        if kept < cfg.algo.questions_per_step:
+            raise ConfigError(f"curriculum.pass_rates={c.pass_rates!r}: {kept} of its {len(rates)} questions have a "
+                              f"pass rate in ({c.pass_rate_min}, {c.pass_rate_max}), fewer than "
+                              f"algo.questions_per_step={cfg.algo.questions_per_step}")
     if cfg.mode != "train":
         return
     if cfg.steps > 0 and cfg.algo.questions_per_step > pool:

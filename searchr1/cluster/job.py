@@ -96,6 +96,12 @@ def evaluation(cfg: Config) -> Job:
                preload=POLICY_MODULES)
 
 
+def pass_rates(cfg: Config) -> Job:
+    """`mode=pass_rate`: one task with one engine and one index (searchr1.apps.pass_rate.main)."""
+    return Job("searchr1.apps.pass_rate:main", (Group("evaluator", 1, 1),), prepare="searchr1.roles:prepare",
+               preload=POLICY_MODULES)
+
+
 def _cli(argv: list[str]) -> int:
     """`python -m searchr1.cluster.job prepare RUN_DIR module:function`: a batch script's preparation step;
     `... run RUN_DIR module:function`: an entry with the run's config (an elastic worker in a Slurm task)."""

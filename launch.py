@@ -4,7 +4,7 @@
     python launch.py +experiment=search_r1_cpu              # local processes (the embedded default)
     python launch.py +experiment=search_r1_cpu mode=eval    # held-out evaluation of the model or a checkpoint
     python launch.py +experiment=search_r1_cpu mode=ask checkpoint=RUN question="..."   # ask the agent
-    python launch.py +experiment=search_r1_cpu mode=pass_rate checkpoint=RUN/checkpoints/step_000006   # RL pool's pass rates
+    python launch.py +experiment=search_r1_cpu mode=pass_rate checkpoint=CKPT    # RL's pool: a checkpoint's pass rates
     python launch.py -m +experiment=search_r1 optim.lr=1e-6,2e-6   # one job per sweep point
     python launch.py +experiment=search_r1 --cfg job        # print the composed config
 

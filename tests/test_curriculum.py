@@ -102,3 +102,78 @@ def test_rl_copyable_false_drops_them_from_rl_only():
     s = stage_pools(load_splits(whole.data, ROOT), whole)
     assert set(s.pools) == {"rl"} and s.pool("sft") is s.train
     assert [q.qid for q in s.pool("rl")] == [q.qid for q in s.train if not curriculum.copyable(q)]
+
+
+@dataclass(frozen=True)
+class Measured:
+    qid: str
+
+
+def _rates_file(path, records):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_pass_rate_file_is_checked_line_by_line_naming_the_file_and_line(tmp_path):
+    train = [Measured("q1"), Measured("q2")]
+    good = _rates_file(tmp_path / "ok.jsonl", [{"id": "q1", "samples": 8, "correct": 3},
+                                               {"id": "q2", "samples": 8, "correct": 0}])
+    assert curriculum.read_pass_rates(good, train) == {"q1": (3, 8), "q2": (0, 8)}
+    bad = {"not json": "{oops", "a missing field": '{"id": "q1", "samples": 8}',
+           "more right than samples": '{"id": "q1", "samples": 4, "correct": 5}',
+           "a foreign id": '{"id": "dev_7", "samples": 8, "correct": 1}'}
+    for why, line in bad.items():
+        f = tmp_path / "bad.jsonl"
+        f.write_text('{"id": "q2", "samples": 8, "correct": 1}\n' + line + "\n")
+        with pytest.raises(ValueError, match=r"bad.jsonl' line 2") as e:
+            curriculum.read_pass_rates(f, train)
+        assert "dev_7" in str(e.value) or why != "a foreign id", why
+    twice = _rates_file(tmp_path / "twice.jsonl", [{"id": "q1", "samples": 8, "correct": 1}] * 2)
+    with pytest.raises(ValueError, match="line 2: id 'q1' appears twice"):
+        curriculum.read_pass_rates(twice, train)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no records"):
+        curriculum.read_pass_rates(tmp_path / "empty.jsonl", train)
+
+
+def test_rl_pass_rate_draws_the_questions_whose_rate_lies_inside_the_band(tmp_path):
+    plain = compose_config(["+experiment=smoke"])
+    train = load_splits(plain.data, ROOT).train
+    correct = [0, 8, 3, 1, 4, 0, 7, 2]  # of 8 samples each, for the first 8 training questions in pool order
+    f = _rates_file(tmp_path / "pass_rates.jsonl", [{"id": q.qid, "samples": 8, "correct": c}
+                                                    for q, c in zip(train, correct)])
+    cfg = compose_config(["+experiment=smoke", "curriculum.rl=pass_rate", f"curriculum.pass_rates={f}"])
+    s = stage_pools(load_splits(cfg.data, ROOT), cfg)
+    assert [q.qid for q in s.pool("rl")] == [train[i].qid for i in (2, 3, 4, 6, 7)]  # neither 0 nor 8 of 8
+    assert s.pool("sft") is s.train  # the warm start's pool is untouched
+    low = compose_config(["+experiment=smoke", "curriculum.rl=pass_rate", f"curriculum.pass_rates={f}",
+                          "curriculum.pass_rate_max=0.4"])
+    assert [q.qid for q in stage_pools(load_splits(low.data, ROOT), low).pool("rl")] == \
+        [train[i].qid for i in (2, 3, 7)]
+
+
+def test_preflight_refuses_a_missing_foreign_or_too_narrow_pass_rate_file(tmp_path):
+    from searchr1 import preflight
+    from searchr1.checks import ConfigError
+
+    def check(*extra):
+        preflight.check(compose_config(["+experiment=smoke", "curriculum.rl=pass_rate", *extra]))
+
+    with pytest.raises(ConfigError, match="curriculum.pass_rates='/no/such.jsonl': no such file"):
+        check("curriculum.pass_rates=/no/such.jsonl")
+    # measured without a dev split, then used with one: the dev questions are not training questions there
+    whole = load_splits(compose_config(["+experiment=smoke"]).data, ROOT).train
+    tuned = load_splits(compose_config(["+experiment=smoke", "data.dev_size=20"]).data, ROOT)
+    f = _rates_file(tmp_path / "all.jsonl", [{"id": q.qid, "samples": 8, "correct": 4} for q in whole])
+    first_dev = next(q.qid for q in whole if q in tuned.dev)
+    with pytest.raises(ConfigError, match=f"line {[q.qid for q in whole].index(first_dev) + 1}: id '{first_dev}' "
+                                          f"is not a training question of this data config"):
+        check(f"curriculum.pass_rates={f}", "data.dev_size=20")
+    one = _rates_file(tmp_path / "one.jsonl", [{"id": whole[0].qid, "samples": 8, "correct": 4},
+                                              {"id": whole[1].qid, "samples": 8, "correct": 0}])
+    with pytest.raises(ConfigError, match=r"1 of its 2 questions have a pass rate in \(0.0, 1.0\), fewer than "
+                                          r"algo.questions_per_step=2"):
+        check(f"curriculum.pass_rates={one}")
+    check(f"curriculum.pass_rates={f}")  # the whole pool measured, every question mixed: accepted

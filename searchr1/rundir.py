@@ -59,6 +59,10 @@ def create(cfg: Config) -> Path:
     (path / "logs").mkdir()
     (path / "config.yaml").write_text(config_yaml(cfg))
     (path / "git.json").write_text(json.dumps(git_state(), indent=1) + "\n")
+    if cfg.mode == "train" and cfg.curriculum.rl == "pass_rate":  # what RL's pool was drawn from, kept with the run
+        import shutil
+
+        shutil.copy2(Path(cfg.curriculum.pass_rates).expanduser(), path / "pass_rates.jsonl")
     return path.resolve()
 
 
@@ -97,7 +101,8 @@ def write_status(run_dir: Path, **fields) -> None:
 
 
 LIGHT = ("config.yaml", "git.json", "data.json", "metrics.jsonl", "summary.json", "status.json", "submit.sbatch",
-         "predictions.jsonl", "eval_summary.json")  # the last two: a mode=eval run
+         "predictions.jsonl", "eval_summary.json",  # a mode=eval run
+         "pass_rates.jsonl", "pass_rate_summary.json")  # a mode=pass_rate run (the first also a run that read one)
 
 
 def export(run_dir: str | Path, dest: str | Path) -> Path:
@@ -118,11 +123,14 @@ def export(run_dir: str | Path, dest: str | Path) -> Path:
         shutil.copytree(run_dir / "predictions", dest / "predictions", dirs_exist_ok=True)
     (dest / "logs").mkdir(exist_ok=True)
     shutil.copy2(run_dir / "logs" / "rank0.log", dest / "logs" / "rank0.log")
-    if not (run_dir / "metrics.jsonl").exists():  # a mode=eval run: its summary is the whole story
-        summary = json.loads((run_dir / "eval_summary.json").read_text())
+    if not (run_dir / "metrics.jsonl").exists():  # a mode=eval or pass_rate run: its summary is the whole story
+        rates = (run_dir / "pass_rate_summary.json").exists()
+        what, name = (("Pass rates (`mode=pass_rate`)", "pass_rate_summary.json") if rates
+                      else ("Held-out evaluation (`mode=eval`)", "eval_summary.json"))
+        summary = json.loads((run_dir / name).read_text())
         rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if not isinstance(v, (dict, list)))
-        (dest / "README.md").write_text(f"# {run_dir.name}\n\nHeld-out evaluation (`mode=eval`), "
-                                        f"`eval_summary.json`:\n\n| field | value |\n|---|---|\n{rows}\n")
+        (dest / "README.md").write_text(f"# {run_dir.name}\n\n{what}, `{name}`:\n\n| field | value |\n|---|---|\n"
+                                        f"{rows}\n")
         return dest
     records = read_metrics(run_dir / "metrics.jsonl")
     (dest / "README.md").write_text(summary_markdown(load_config(run_dir), records, run_dir.name))

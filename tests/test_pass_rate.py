@@ -58,3 +58,23 @@ def test_each_question_counts_its_own_samples_exact_matches(tmp_path, monkeypatc
     assert [r["answered"] for r in records] == [2] * 5
     assert len(seeds) == 3 and len(set(seeds)) == 3
     assert (summary["none_right"], summary["mixed"], summary["all_right"]) == (1, 3, 1)
+
+
+def test_a_run_keeps_the_pass_rates_it_read_and_exports_them(tmp_path):
+    from launch import compose_config
+    from searchr1 import rundir
+
+    cfg = _cfg(curriculum=CurriculumConfig(pass_rate_samples=2))
+    measured = tmp_path / "rates"
+    measured.mkdir()
+    pass_rate.main(cfg, measured)
+    (measured / "logs").mkdir()
+    (measured / "logs" / "rank0.log").write_text("")
+    out = rundir.export(measured, tmp_path / "exported")
+    assert (out / "pass_rates.jsonl").read_text() == (measured / "pass_rates.jsonl").read_text()
+    assert "Pass rates (`mode=pass_rate`)" in (out / "README.md").read_text()
+    train = compose_config(["+experiment=smoke", "data.train_size=5", "curriculum.rl=pass_rate",
+                            f"curriculum.pass_rates={measured / 'pass_rates.jsonl'}", f"run_root={tmp_path / 'runs'}"])
+    run = rundir.create(train)
+    assert (run / "pass_rates.jsonl").read_text() == (measured / "pass_rates.jsonl").read_text()
+    assert "pass_rates.jsonl" in rundir.LIGHT  # exported with the run's other small files

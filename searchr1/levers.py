@@ -28,6 +28,7 @@ from searchr1.study import replace_block
 NAME = re.compile(r"^cpu_dev_(?P<lever>.+)_(?P<dtype>bfloat16|float32)_s(?P<seed>\d+)$")
 # what names a run, not what it changes; the dtype it computed in is in its name (`auto` and `bf16` may be the same)
 IGNORED = {"run_name", "run_root", "seed", "trainer.compute_dtype", "engine.compute_dtype"}
+PER_SEED = object()  # an override whose value differs from seed to seed (each seed's own file, e.g. its pass rates)
 
 
 def begin(root: str) -> str:
@@ -111,7 +112,7 @@ def levers(root: str | Path, baseline: str = "t1.0") -> list[dict]:
         if not paired:  # e.g. a dtype the baseline was not run in
             rows.append({"lever": lever, "dtype": dtype, "seeds": [], "runs": len(seeds)})
             continue
-        gains, ends, base_gains, same, over = [], [], [], True, {}
+        gains, ends, base_gains, same, seen = [], [], [], True, {}
         for s in paired:
             (bc, b0, b1, b_step), (lc, l0, l1, l_step) = load(base[s]), load(seeds[s])
             gains.append(paired_predictions(l0, l1))
@@ -119,7 +120,8 @@ def levers(root: str | Path, baseline: str = "t1.0") -> list[dict]:
             ends.append(paired_predictions(b1, l1))
             same &= [(x["id"], x["em"]) for x in l0] == [(x["id"], x["em"]) for x in b0]
             for k, v in overrides(bc, lc, defaults).items():
-                over.setdefault(k, v)
+                seen.setdefault(k, []).append(v)
+        over = {k: vs[0] if all(v == vs[0] for v in vs) else PER_SEED for k, vs in seen.items()}
         rows.append({"lever": lever, "dtype": dtype, "seeds": paired, "overrides": over, "same_start": same,
                      "n": gains[0].n, "end_step": l_step, "baseline_end_step": b_step,
                      "dev_em": [f"{g.a_correct} -> {g.b_correct}" for g in gains],
@@ -136,7 +138,8 @@ def markdown(rows: list[dict], baseline: str = "t1.0") -> str:
            "|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["seeds"]):
         g, e = r["gain"], r["end_vs_baseline"]
-        over = ", ".join(f"`{k}={v}`" for k, v in r["overrides"].items()) or "-"
+        over = ", ".join(f"`{k}` (one per seed)" if v is PER_SEED else f"`{k}={v}`"
+                         for k, v in r["overrides"].items()) or "-"
         end = "" if r["end_step"] == r["baseline_end_step"] else f" (end: step {r['end_step']})"
         out.append(f"| `{r['lever']}` ({r['dtype']}) | {over} | {', '.join(map(str, r['seeds']))} | "
                    f"{'yes' if r['same_start'] else 'no'} | {', '.join(r['dev_em'])} of {r['n']}{end} | "

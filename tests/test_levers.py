@@ -44,6 +44,11 @@ def test_a_lever_is_paired_with_the_baseline_of_its_seed_and_dtype(tmp_path):
     assert (e.only_b, e.only_a) == (3 + 2, 1 + 1)  # only the lever's end / only the baseline's end, both seeds
     ws = rows["ws", "bfloat16"]
     assert not ws["same_start"] and ws["end_step"] == 18 and ws["overrides"] == {"warm_start.steps": 3}
+    _run(tmp_path, "own_bfloat16_s0", ["seed=0", "optim.lr=5e-5", "data.dev_size=150"], {6: start, 21: start})
+    _run(tmp_path, "own_bfloat16_s1", ["seed=1", "optim.lr=5e-5", "data.dev_size=151"], {6: start, 21: start})
+    own = {r["lever"]: r for r in levers(tmp_path)}["own"]  # a value of each seed's own is not seed 0's for all
+    assert own["overrides"]["optim.lr"] == 5e-05 and "| `data.dev_size` (one per seed), `optim.lr=5e-05` |" in \
+        markdown([own])
     table = markdown(list(rows.values()))
     assert "| `lr` (bfloat16) | `optim.lr=5e-05` | 0, 1 | yes | 1 -> 4, 1 -> 3 of 6 |" in table
     assert "of 6 (end: step 18) |" in table and "pair with: `lr` (float32, 1 run)." in table

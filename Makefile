@@ -234,7 +234,7 @@ results-levers-cpus: install
 # Offline difficulty filtering, a dev-split lever (README, "A pass-rate curriculum"): per seed, the warm start alone
 # (checkpointed), its pass rates on RL's pool (mode=pass_rate), then the experiment drawing RL's questions from those
 # with some samples right and some wrong; filed beside this kind's other levers (results-levers-cpus). Each run
-# keeps the pass rates it read (rundir.create); the measurement's summary is filed beside them.
+# keeps the pass rates it read and the measurement's summary (rundir.create), so its export files both.
 PASS := runs/passrate
 results-passrate: install
 	set -e; k=$(KIND); for s in $(SEEDS); do \
@@ -244,8 +244,7 @@ results-passrate: install
 	  $(call RUNIN,$(CPU_LEV)/$$k,dev_passrate_$(NATIVE)_s$$s,seed=$$s $(DEV) $(call DT,$(NATIVE)) \
 	    curriculum.rl=pass_rate curriculum.pass_rates=$(PASS)/$$k/rates_s$$s/pass_rates.jsonl); \
 	  d=results/tuning/cpus/$$k/cpu_dev_passrate_$(NATIVE)_s$$s; rm -rf $$d; \
-	  $(BIN)/python -m searchr1.rundir export $(CPU_LEV)/$$k/dev_passrate_$(NATIVE)_s$$s $$d; \
-	  cp $(PASS)/$$k/rates_s$$s/pass_rate_summary.json $$d/; done; \
+	  $(BIN)/python -m searchr1.rundir export $(CPU_LEV)/$$k/dev_passrate_$(NATIVE)_s$$s $$d; done; \
 	$(BIN)/python -m searchr1.levers results/tuning/cpus/$$k --readme README.md
 
 # A dev-split lever on the held-out questions (README, "The format score on the held-out questions" and "Questions

@@ -62,7 +62,10 @@ def create(cfg: Config) -> Path:
     if cfg.mode == "train" and cfg.curriculum.rl == "pass_rate":  # what RL's pool was drawn from, kept with the run
         import shutil
 
-        shutil.copy2(Path(cfg.curriculum.pass_rates).expanduser(), path / "pass_rates.jsonl")
+        rates = Path(cfg.curriculum.pass_rates).expanduser()
+        shutil.copy2(rates, path / "pass_rates.jsonl")
+        if rates.with_name("pass_rate_summary.json").is_file():  # the measurement's own record, where it lies
+            shutil.copy2(rates.with_name("pass_rate_summary.json"), path / "pass_rate_summary.json")
     return path.resolve()
 
 

@@ -77,4 +77,5 @@ def test_a_run_keeps_the_pass_rates_it_read_and_exports_them(tmp_path):
                             f"curriculum.pass_rates={measured / 'pass_rates.jsonl'}", f"run_root={tmp_path / 'runs'}"])
     run = rundir.create(train)
     assert (run / "pass_rates.jsonl").read_text() == (measured / "pass_rates.jsonl").read_text()
+    assert (run / "pass_rate_summary.json").read_text() == (measured / "pass_rate_summary.json").read_text()
     assert "pass_rates.jsonl" in rundir.LIGHT  # exported with the run's other small files

@@ -142,3 +142,8 @@ def read_pass_rates(path, train: list) -> dict[str, tuple[int, int]]:
 def within_pass_rate(train: list, rates: dict[str, tuple[int, int]], low: float, high: float) -> list:
     """The `train` questions measured with a pass rate strictly between `low` and `high`, in pool order."""
     return [q for q in train if q.qid in rates and low < rates[q.qid][0] / rates[q.qid][1] < high]
+
+
+def pass_rate_pool(c: CurriculumConfig, train: list) -> list:
+    """RL's pool under `rl=pass_rate`: `c.pass_rates` read against `train`, the questions inside the band."""
+    return within_pass_rate(train, read_pass_rates(c.pass_rates, train), c.pass_rate_min, c.pass_rate_max)

@@ -70,12 +70,12 @@ def _data_limits(cfg: Config) -> None:
         from searchr1 import curriculum
 
         try:
-            rates = curriculum.read_pass_rates(c.pass_rates, splits.train)
+            kept = len(curriculum.pass_rate_pool(c, splits.train))
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        kept = len(curriculum.within_pass_rate(splits.train, rates, c.pass_rate_min, c.pass_rate_max))
         if kept < cfg.algo.questions_per_step:
-            raise ConfigError(f"curriculum.pass_rates={c.pass_rates!r}: {kept} of its {len(rates)} questions have a "
+            measured = len(Path(c.pass_rates).expanduser().read_text().splitlines())
+            raise ConfigError(f"curriculum.pass_rates={c.pass_rates!r}: {kept} of its {measured} questions have a "
                               f"pass rate in ({c.pass_rate_min}, {c.pass_rate_max}), fewer than "
                               f"algo.questions_per_step={cfg.algo.questions_per_step}")
     if cfg.mode != "train":

@@ -20,10 +20,8 @@ import re
 import time
 from pathlib import Path
 
-import torch
-
 from searchr1 import checkpoint
-from searchr1.apps.evaluate import model_to_evaluate
+from searchr1.apps.evaluate import evaluator_device, model_to_evaluate
 from searchr1.config import Config
 from searchr1.data import Question, load_splits
 from searchr1.report import turns
@@ -110,10 +108,9 @@ def main(cfg: Config, out=print) -> int:
         pass
     splits = load_splits(cfg.data, REPO_ROOT)
     known = {q.question: q for q in splits.train + splits.heldout + splits.dev}
-    device = "cuda" if cfg.cluster.gpus > 0 and torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     model = model_to_evaluate(cfg)
-    worker = Worker(cfg, splits, device, model=model)
+    worker = Worker(cfg, splits, evaluator_device(cfg), model=model)
     out(f"model {model.path or model.name} on {cfg.engine.name} ({worker.compute_dtype}), "
         f"{cfg.retriever.name} index of {len(splits.corpus)} passages, ready in {time.perf_counter() - t0:.1f}s")
     shown = _Shown(worker.engine, out)

@@ -33,13 +33,17 @@ def model_to_evaluate(cfg: Config) -> ModelConfig:
                        cache_dir=cfg.model.cache_dir)
 
 
+def evaluator_device(cfg: Config) -> str:
+    """The device a one-process job (mode=eval, ask, pass_rate) runs its engine on."""
+    return "cuda" if cfg.cluster.gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
 def main(cfg: Config, run_dir: Path) -> dict:
     setup_logging("evaluator")
     run_dir = Path(run_dir)
     model = model_to_evaluate(cfg)
     splits = load_all(cfg.data, REPO_ROOT)
-    device = "cuda" if cfg.cluster.gpus > 0 and torch.cuda.is_available() else "cpu"
-    worker = Worker(cfg, splits, device, model=model)
+    worker = Worker(cfg, splits, evaluator_device(cfg), model=model)
     predictions, summary = worker.evaluate(
         splits.evaluation, lambda done, total: progress(run_dir, f"{splits.eval_on} eval: {done}/{total}"))
     summary = {"model": model.path or model.name, "checkpoint": cfg.checkpoint or None, "engine": cfg.engine.name,

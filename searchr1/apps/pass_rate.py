@@ -15,10 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from searchr1.agent import run_episodes, sampling_for
-from searchr1.apps.evaluate import model_to_evaluate
+from searchr1.apps.evaluate import evaluator_device, model_to_evaluate
 from searchr1.config import Config
 from searchr1.rundir import write_atomic, progress
 
@@ -32,8 +30,7 @@ def main(cfg: Config, run_dir: Path) -> dict:
     model = model_to_evaluate(cfg)
     splits = rank_splits(cfg)
     questions, k = splits.pool("rl"), cfg.curriculum.pass_rate_samples
-    device = "cuda" if cfg.cluster.gpus > 0 and torch.cuda.is_available() else "cpu"
-    worker = Worker(cfg, splits, device, model=model)
+    worker = Worker(cfg, splits, evaluator_device(cfg), model=model)
     per_batch = max(1, cfg.engine.eval_batch_size // k)
     records = []
     for b, start in enumerate(range(0, len(questions), per_batch)):

@@ -148,8 +148,7 @@ def stage_pools(splits, cfg):
     # only the reach filters need the tokenizer and the index
     pools = _reach_pools(splits, cfg) if c.warm_start == "answerable" or c.rl == "retrievable" else {}
     if c.rl == "pass_rate":
-        rates = curriculum.read_pass_rates(c.pass_rates, splits.train)
-        pools["rl"] = curriculum.within_pass_rate(splits.train, rates, c.pass_rate_min, c.pass_rate_max)
+        pools["rl"] = curriculum.pass_rate_pool(c, splits.train)
     if not c.rl_copyable:
         pools["rl"] = [q for q in pools.get("rl", splits.train) if not curriculum.copyable(q)]
     if not pools:

@@ -34,10 +34,9 @@ def _python(code, *args, env):
 
 
 def test_prebuilt_query_kernel_is_loaded_not_compiled_by_a_run(tmp_path):
+    # No cold run first: without the prebuild the run's search would compile, a cache miss that fails the last
+    # assertion by itself (a cold compile is 40-50 s of an AVX2 core that the suite does not need to spend).
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONPATH": ROOT}
-    # without the prebuild a run's first search compiles (misses the cache)
-    cold = json.loads(_python(SEARCH, str(tmp_path / "ix0"), env={**env, "NUMBA_CACHE_DIR": str(tmp_path / "n0")}))
-    assert all(miss > 0 for _, miss in cold.values()), cold
     where = _python("""
         from searchr1.retrieval import bm25_topk
         from searchr1.retrieval.bm25 import BM25sIndex

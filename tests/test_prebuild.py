@@ -45,5 +45,5 @@ def test_prebuilt_query_kernel_is_loaded_not_compiled_by_a_run(tmp_path):
         print(bm25_topk._top_k_exact.stats.cache_path)
     """, env=env)
     assert where.startswith(str(tmp_path / "numba")), where
-    warm = json.loads(_python(SEARCH, str(tmp_path / "ix1"), env=env))
+    warm = json.loads(_python(SEARCH, str(tmp_path / "ix"), env=env))
     assert all(hit > 0 and miss == 0 for hit, miss in warm.values()), warm
